@@ -1,0 +1,206 @@
+//! The replicated command model: what the Raft log carries and what applying it answers.
+//!
+//! Every command is stamped by the leader with `now_ms` (wall-clock milliseconds), so
+//! applying a command is deterministic on every replica and during recovery.
+
+use crate::error::Rejection;
+use crate::ids::{Incarnation, StreamKey};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// One Raft log payload.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Command {
+    pub now_ms: u64,
+    pub op: Op,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Op {
+    /// Acknowledge a bucket (replicated to every group).
+    CreateBucket {
+        bucket: String,
+    },
+    /// Delete an empty bucket (replicated to every group).
+    DeleteBucket {
+        bucket: String,
+    },
+    Create(Box<CreateReq>),
+    Append(Box<AppendReq>),
+    Delete {
+        key: StreamKey,
+        incarnation: Option<Incarnation>,
+    },
+    /// Renew a sliding TTL because of a read.
+    Touch {
+        key: StreamKey,
+        incarnation: Incarnation,
+    },
+    /// Remove (or soft-delete) a stream whose lifetime lapsed.
+    Expire {
+        key: StreamKey,
+        incarnation: Incarnation,
+    },
+    /// Record a pin on a fork source and describe the fork point (source's group).
+    Pin(Box<PinReq>),
+    /// Release a pin (source's group); cascades clean-up of soft-deleted sources.
+    Unpin {
+        key: StreamKey,
+        pin_id: u64,
+    },
+    /// Drop a delivered outbox item (fork's group).
+    OutboxDone {
+        id: u64,
+    },
+    /// A command that only advances the log (used to test the write path).
+    Noop,
+}
+
+/// Idempotent-producer headers of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProducerHdr {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// Sliding TTL or absolute expiry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifetime {
+    pub ttl_s: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+}
+
+impl Lifetime {
+    pub fn is_none(&self) -> bool {
+        self.ttl_s.is_none() && self.expires_at_ms.is_none()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateReq {
+    pub key: StreamKey,
+    /// Normalized request content type; `None` when the header was absent.
+    pub content_type: Option<String>,
+    pub closed: bool,
+    pub lifetime: Lifetime,
+    pub stream_seq: Option<String>,
+    pub producer: Option<ProducerHdr>,
+    pub incarnation: Option<Incarnation>,
+    /// Canonical initial payload (NDJSON for JSON streams).
+    pub payload: Bytes,
+    /// Number of JSON messages in `payload` (JSON streams only).
+    pub messages: u64,
+    pub fork: Option<ForkCreate>,
+}
+
+/// The fork part of a create: what the request asked and what the source pinned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkCreate {
+    pub source: StreamKey,
+    pub anchor: Option<u64>,
+    pub sub: u64,
+    /// Present when the source was pinned for this request; absent when the target
+    /// was seen to exist already (then only the idempotency comparison runs).
+    pub pinned: Option<PinnedSource>,
+}
+
+/// What the source's group answered to a pin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinnedSource {
+    pub pin_id: u64,
+    pub deadline_ms: u64,
+    pub source_incarnation: Incarnation,
+    pub content_type: String,
+    pub lifetime: Lifetime,
+    /// The anchor actually used (the tail when the request had none).
+    pub anchor: u64,
+    /// The fork point `P`.
+    pub point: u64,
+    /// Record ordinal at `P` (JSON sources).
+    pub record_at_point: u64,
+    pub retained: u64,
+    pub depth: u32,
+    /// Message end offsets of the inherited prefix `[0, point)`.
+    pub ends_prefix: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PinReq {
+    pub source: StreamKey,
+    pub fork_key: StreamKey,
+    pub pin_id: u64,
+    pub deadline_ms: u64,
+    pub anchor: Option<u64>,
+    pub sub: u64,
+    /// Request content type, when given, must match the source's.
+    pub content_type: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppendReq {
+    pub key: StreamKey,
+    /// Normalized request content type, `None` when absent.
+    pub content_type: Option<String>,
+    pub close: bool,
+    pub stream_seq: Option<String>,
+    pub producer: Option<ProducerHdr>,
+    pub incarnation: Option<Incarnation>,
+    pub record_match: Option<u64>,
+    pub payload: Bytes,
+    pub messages: u64,
+}
+
+/// What applying a command answers.
+pub type Response = Result<Reply, Rejection>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Done,
+    Created(Box<CreateReply>),
+    Appended(AppendReply),
+    Pinned(Box<PinnedSource>),
+    /// A fork target was absent although the request carried no pin: pin, then retry.
+    NeedsPin,
+}
+
+/// The facts a create answer (201 or 200) reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateReply {
+    pub created: bool,
+    pub content_type: String,
+    pub tail: u64,
+    pub incarnation: Incarnation,
+    pub lifetime: Lifetime,
+    pub closed: bool,
+    pub json: bool,
+    pub producer: Option<(u64, u64)>,
+    pub record_start: u64,
+    pub record_next: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendReply {
+    pub next_offset: u64,
+    pub closed: bool,
+    pub duplicate: bool,
+    /// (epoch, seq) echoed when producer headers were sent.
+    pub producer: Option<(u64, u64)>,
+    pub json: bool,
+    pub record_start: u64,
+    pub record_next: u64,
+    pub incarnation: Incarnation,
+    /// True when a body was appended (decides 200 vs 204 for producers).
+    pub appended: bool,
+}
+
+impl Command {
+    /// Binary encoding used in the Raft log.
+    pub fn encode(&self) -> Vec<u8> {
+        bincode::serialize(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        bincode::deserialize(bytes).map_err(|e| e.to_string())
+    }
+}

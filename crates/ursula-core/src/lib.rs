@@ -1,0 +1,29 @@
+//! `ursula-core`: the pure, deterministic state machine of Ursula.
+//!
+//! No async, no IO, no clock: time arrives inside each [`command::Command`].
+//!
+//! Module map:
+//! - [`ids`]: bucket and stream IDs, stream keys, group placement, incarnations.
+//! - [`offset`]: the 20-digit offset tokens and their accepted input forms.
+//! - [`content_type`]: normalization, matching, JSON/text detection.
+//! - [`json`]: JSON-mode validation, flattening and canonical NDJSON.
+//! - [`error`]: wire error codes and rejections with their header facts.
+//! - [`command`]: the replicated command model and its replies.
+//! - [`producer`]: idempotent producer validation and receipts.
+//! - [`stream`]: one stream's state, boundaries and TTL decisions.
+//! - [`group`]: one Raft group's state and `apply`.
+
+pub mod command;
+pub mod content_type;
+pub mod error;
+pub mod group;
+pub mod ids;
+pub mod json;
+pub mod offset;
+pub mod producer;
+pub mod stream;
+
+pub use command::{Command, Op, Reply, Response};
+pub use error::{ErrorCode, Rejection};
+pub use group::GroupState;
+pub use ids::{Incarnation, StreamKey};
