@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit/property/integration tests (including the
+# crash and bad-input tests), the official conformance suite against a durable node, and a
+# smoke run of every benchmark scenario. CI runs exactly this (.ci/run).
+set -euo pipefail
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$ROOT"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --release -- -D warnings
+
+step "cargo test (unit, property, integration, crash, bad input)"
+cargo test --workspace --release -- --test-threads=2
+
+step "conformance suite against a durable node"
+CONF_DIR=${URSULA_CONFORMANCE_DIR:-}
+if [[ -z $CONF_DIR ]]; then
+  for d in "$ROOT/../shared/conformance" /work/shared/conformance; do
+    [[ -x $d/run-conformance.sh ]] && { CONF_DIR=$d; break; }
+  done
+fi
+[[ -n $CONF_DIR ]] || { echo "conformance suite not found (set URSULA_CONFORMANCE_DIR)"; exit 1; }
+DATA=$(mktemp -d)
+LOG=$DATA/server.log
+NO_COLOR=1 "$ROOT/target/release/ursula" server --listen 127.0.0.1:0 --data-dir "$DATA/data" 2>"$LOG" &
+PID=$!
+cleanup() { kill "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; rm -rf "$DATA"; }
+trap cleanup EXIT
+ADDR=
+for _ in $(seq 1 300); do
+  ADDR=$(grep -o 'addr=[0-9.:]*' "$LOG" | head -n1 | cut -d= -f2 || true)
+  [[ -n $ADDR ]] && break
+  kill -0 "$PID" 2>/dev/null || { cat "$LOG"; echo "server exited"; exit 1; }
+  sleep 0.1
+done
+[[ -n $ADDR ]] || { cat "$LOG"; echo "server did not start"; exit 1; }
+OUT=$DATA/conformance.out
+set +e
+"$CONF_DIR/run-conformance.sh" "http://$ADDR" 2>&1 | tee "$OUT"
+RC=${PIPESTATUS[0]}
+set -e
+LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
+PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
+FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
+if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
+  echo "conformance: expected failed=0 and passed>=332, got: $LINE"
+  exit 1
+fi
+
+if [[ -x $ROOT/target/release/ursula-bench ]]; then
+  step "benchmark smoke run (checks the generator works, not speed)"
+  "$ROOT/target/release/ursula-bench" smoke --base-url "http://$ADDR" || exit 1
+fi
+
+step "all tests passed"
