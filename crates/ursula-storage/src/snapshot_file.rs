@@ -1,0 +1,159 @@
+//! Atomic, checksummed single-blob files, used for Raft state-machine snapshots.
+//!
+//! Layout (little-endian): magic `b"URSULASN"` (8) | version u32 = 1 | payload length u64 |
+//! crc32c(payload) u32 | payload. A write goes to `<path>.tmp`, is fsynced, renamed over
+//! `<path>`, and the directory is fsynced, so readers see either the old or the new blob.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::format::{read_u32, read_u64};
+use crate::wal::WalError;
+
+const MAGIC: [u8; 8] = *b"URSULASN";
+const VERSION: u32 = 1;
+const HEADER_LEN: usize = 24;
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = OsString::from(path.as_os_str());
+    name.push(".tmp");
+    PathBuf::from(name)
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Atomically replaces `path` with a checksummed blob holding `payload`:
+/// writes `path.tmp`, fsyncs it, renames it over `path`, and fsyncs the directory.
+pub fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), WalError> {
+    let mut header = [0u8; HEADER_LEN];
+    header[0..8].copy_from_slice(&MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    header[12..20].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[20..24].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+
+    let tmp = tmp_path(path);
+    let result = (|| -> io::Result<()> {
+        let mut file = File::create(&tmp)?;
+        file.write_all(&header)?;
+        file.write_all(payload)?;
+        file.sync_all()?;
+        drop(file);
+        fs::rename(&tmp, path)?;
+        File::open(parent_dir(path))?.sync_all()
+    })();
+    if result.is_err() {
+        // Best effort: do not leave a partial temp file behind.
+        let _ = fs::remove_file(&tmp);
+    }
+    Ok(result?)
+}
+
+/// Reads a blob written by [`write_atomic`]. `Ok(None)` if the file does not exist;
+/// [`WalError::Corrupt`] if the magic, version, length or checksum is wrong.
+pub fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, WalError> {
+    let mut data = match fs::read(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let corrupt = |offset: u64, reason: String| WalError::Corrupt {
+        file: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    if data.len() < HEADER_LEN {
+        return Err(corrupt(
+            0,
+            format!(
+                "snapshot file is {} bytes, shorter than its header",
+                data.len()
+            ),
+        ));
+    }
+    if data.get(0..8) != Some(&MAGIC[..]) {
+        return Err(corrupt(0, "bad snapshot magic".into()));
+    }
+    let version = read_u32(&data, 8).unwrap_or(0);
+    if version != VERSION {
+        return Err(corrupt(
+            8,
+            format!("unsupported snapshot format version {version} (expected {VERSION})"),
+        ));
+    }
+    let len = read_u64(&data, 12).unwrap_or(u64::MAX);
+    let actual = (data.len() - HEADER_LEN) as u64;
+    if len != actual {
+        return Err(corrupt(
+            12,
+            format!("header says {len} payload bytes, file holds {actual}"),
+        ));
+    }
+    let crc = read_u32(&data, 20).unwrap_or(0);
+    let payload = data.get(HEADER_LEN..).unwrap_or_default();
+    if crc32c::crc32c(payload) != crc {
+        return Err(corrupt(
+            HEADER_LEN as u64,
+            "snapshot checksum mismatch".into(),
+        ));
+    }
+    data.drain(..HEADER_LEN);
+    Ok(Some(data))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_replace() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.bin");
+        assert_eq!(read_checked(&path).unwrap(), None);
+        write_atomic(&path, b"first snapshot").unwrap();
+        assert_eq!(read_checked(&path).unwrap().unwrap(), b"first snapshot");
+        write_atomic(&path, b"").unwrap();
+        assert_eq!(read_checked(&path).unwrap().unwrap(), b"");
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        write_atomic(&path, &big).unwrap();
+        assert_eq!(read_checked(&path).unwrap().unwrap(), big);
+        assert!(!tmp_path(&path).exists());
+    }
+
+    #[test]
+    fn every_corruption_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.bin");
+        write_atomic(&path, b"some snapshot payload").unwrap();
+        let good = fs::read(&path).unwrap();
+        for i in 0..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x01;
+            fs::write(&path, &bad).unwrap();
+            let err = read_checked(&path).unwrap_err();
+            assert!(matches!(err, WalError::Corrupt { .. }), "byte {i}: {err}");
+        }
+        for cut in 0..good.len() {
+            fs::write(&path, &good[..cut]).unwrap();
+            let err = read_checked(&path).unwrap_err();
+            assert!(matches!(err, WalError::Corrupt { .. }), "cut {cut}: {err}");
+        }
+        let mut longer = good.clone();
+        longer.push(0);
+        fs::write(&path, &longer).unwrap();
+        assert!(matches!(read_checked(&path), Err(WalError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn relative_path_in_current_dir_parent() {
+        assert_eq!(parent_dir(Path::new("snap.bin")), Path::new("."));
+        assert_eq!(parent_dir(Path::new("/a/b")), Path::new("/a"));
+    }
+}
