@@ -1,0 +1,83 @@
+//! # ursula-raft
+//!
+//! openraft (0.9) wiring for Ursula: a node runs `group_count` independent Raft groups (each
+//! replicating one [`ursula_core::GroupState`]), and every group logs to the node's single
+//! shared [`ursula_storage::Wal`], so appends of all groups share fsyncs. A single node is a
+//! one-voter cluster per group; peers come later by replacing [`network::SingleNodeNetwork`].
+//!
+//! ## Facade
+//!
+//! [`Node::open`] recovers and starts everything; [`Node::propose`] replicates one
+//! [`ursula_core::Command`] and returns what `GroupState::apply` answered, after the entry is
+//! durable, committed and applied; [`Node::state`] and [`Node::applied`] let readers see the
+//! applied state and wait for changes.
+//!
+//! ## Batching
+//!
+//! openraft 0.9 appends each `client_write` separately and waits for its flush before the next
+//! one, so one entry per proposal would cost one fsync per proposal per group. A per-group
+//! batcher therefore packs the proposals queued while the previous batch was in flight into one
+//! entry ([`types::Batch`]); the entry's response is one [`ursula_core::Response`] per command.
+//! Command `n` of the group (counted over all applied batches, carried in snapshots) is applied
+//! as `GroupState::apply(n, cmd)`, so every command has its own deterministic index.
+//!
+//! ## Data directory (format version 1)
+//!
+//! ```text
+//! {data_dir}/node.toml                   magic, format_version = 1, node_id, group_count
+//! {data_dir}/wal/                        the shared WAL (ursula-storage format)
+//! {data_dir}/snapshots/group-{g}.snap    ursula-storage snapshot file per group
+//! ```
+//!
+//! ### WAL records
+//!
+//! `WalRecord.group` is the Raft group; `kind` is one of:
+//!
+//! | kind | meaning  | payload                                                        |
+//! |-----:|----------|----------------------------------------------------------------|
+//! | 1    | entry    | `tag u8` (0 blank, 1 normal, 2 membership), `bincode(LogId)`, body |
+//! | 2    | vote     | `bincode(Vote)`                                                |
+//! | 3    | truncate | `bincode(LogId)`: entries with index >= its index were removed |
+//! | 4    | purge    | `bincode(LogId)`: entries up to it (inclusive) were removed    |
+//!
+//! A normal entry's body is `count u32 LE`, then per command `len u32 LE` and
+//! `Command::encode()` bytes. A membership body is `bincode(Membership)`. bincode is 1.x with
+//! its default (fixed-int, little-endian) encoding.
+//!
+//! Recovery replays records in LSN order per group: an entry replaces any entry at or after its
+//! index, truncate and purge remove entries, the last vote and the highest purge win. The
+//! committed index is not logged: after a restart the single voter re-commits (and the state
+//! machine re-applies from its snapshot) before [`Node::open`] returns.
+//!
+//! ### Segment GC
+//!
+//! Each group *pins* the lowest LSN it needs: its first retained entry, and its latest durable
+//! vote and purge records. Upkeep deletes the segments below every pin. When segments remain
+//! that only old vote/purge records or an idle group's few entries keep alive, upkeep re-writes
+//! those markers and asks that group to snapshot (which purges its log), so the WAL stays
+//! bounded by what the groups have not yet snapshotted.
+//!
+//! ### Snapshots
+//!
+//! Payload = `bincode(SnapshotHeader)` (format 1, group, last applied log id, membership,
+//! applied command count, snapshot id) followed by `GroupState::encode()`. Snapshots are built
+//! every `snapshot_logs` entries (openraft `SnapshotPolicy::LogsSinceLast`), or by upkeep when
+//! a group's log grows past max(64 MiB, its last snapshot) or pins the oldest segment; the log is
+//! purged right after (`max_in_snapshot_log_to_keep = 0`).
+
+mod codec;
+mod error;
+mod identity;
+mod log_store;
+pub mod network;
+mod node;
+mod state_machine;
+pub mod types;
+
+pub use error::{ProposeError, RaftError};
+pub use identity::FORMAT_VERSION;
+pub use log_store::LogStore;
+pub use node::{Node, NodeConfig};
+pub use state_machine::{SnapshotBuilder, StateMachine};
+pub use types::{Batch, BatchResponse, TypeConfig};
+pub use ursula_storage::WalOptions;

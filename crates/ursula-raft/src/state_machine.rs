@@ -1,0 +1,353 @@
+//! Per-group state machine: applies committed batches to the shared [`GroupState`] and builds,
+//! stores and installs snapshots.
+
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, EntryPayload, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageIOError,
+};
+use tokio::sync::watch;
+use ursula_core::GroupState;
+use ursula_storage::{Wal, snapshot_file};
+
+use crate::codec::{self, SNAPSHOT_FORMAT, SnapshotHeader};
+use crate::types::{
+    BatchResponse, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+
+/// The snapshot file of one group, and what was last written to it.
+pub(crate) struct SnapshotStore {
+    group: u32,
+    path: PathBuf,
+    file: Mutex<FileState>,
+    /// Size of the snapshot on disk, in bytes.
+    bytes: AtomicU64,
+    /// Keeps the WAL (and so its directory lock) open while anything that may still write a
+    /// snapshot lives, so that a node reopened on the same directory never races a snapshot
+    /// write of a previous instance that was dropped without `shutdown`.
+    _wal: Wal,
+}
+
+struct FileState {
+    /// Last log id of the snapshot on disk; guards against an older one replacing a newer one.
+    written: Option<LogId>,
+    /// Set by `close`: no more writes.
+    closed: bool,
+}
+
+impl SnapshotStore {
+    pub(crate) fn new(
+        group: u32,
+        path: PathBuf,
+        on_disk: Option<(Option<LogId>, u64)>,
+        wal: Wal,
+    ) -> Self {
+        let (written, bytes) = on_disk.unwrap_or((None, 0));
+        SnapshotStore {
+            group,
+            path,
+            file: Mutex::new(FileState {
+                written,
+                closed: false,
+            }),
+            bytes: AtomicU64::new(bytes),
+            _wal: wal,
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Waits for a snapshot write in progress and refuses later ones (blocking).
+    pub(crate) fn close(&self) {
+        self.file.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+    }
+
+    /// Durably replaces the snapshot file (blocking).
+    fn write(&self, last: Option<LogId>, payload: &[u8]) -> Result<(), String> {
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if file.closed {
+            return Err("the node is shutting down".into());
+        }
+        if file.written.is_some() && last < file.written {
+            return Ok(());
+        }
+        snapshot_file::write_atomic(&self.path, payload).map_err(|e| e.to_string())?;
+        file.written = last;
+        self.bytes.store(payload.len() as u64, Ordering::Relaxed);
+        tracing::debug!(group = self.group, bytes = payload.len(), last = ?last, "snapshot written");
+        Ok(())
+    }
+
+    /// Reads and decodes the snapshot file (blocking).
+    fn read(&self) -> Result<Option<(SnapshotHeader, Vec<u8>)>, String> {
+        let Some(payload) = snapshot_file::read_checked(&self.path).map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let (header, _) = codec::decode_snapshot(&payload)?;
+        Ok(Some((header, payload)))
+    }
+}
+
+/// A group's state as loaded from its snapshot file at startup.
+pub(crate) struct Loaded {
+    pub state: GroupState,
+    pub last_applied: Option<LogId>,
+    pub membership: StoredMembership,
+    pub applied_commands: u64,
+    pub file: Option<(Option<LogId>, u64)>,
+}
+
+/// Loads `{path}` (blocking). A missing file is a fresh group.
+pub(crate) fn load_snapshot(group: u32, path: &std::path::Path) -> Result<Loaded, String> {
+    let Some(payload) = snapshot_file::read_checked(path).map_err(|e| e.to_string())? else {
+        return Ok(Loaded {
+            state: GroupState::new(group),
+            last_applied: None,
+            membership: StoredMembership::default(),
+            applied_commands: 0,
+            file: None,
+        });
+    };
+    let (header, state) = codec::decode_snapshot(&payload)?;
+    if header.group != group {
+        return Err(format!(
+            "{} holds group {}, expected group {group}",
+            path.display(),
+            header.group
+        ));
+    }
+    let state = GroupState::decode(state)?;
+    Ok(Loaded {
+        state,
+        last_applied: header.last_applied,
+        membership: header.membership,
+        applied_commands: header.applied_commands,
+        file: Some((header.last_applied, payload.len() as u64)),
+    })
+}
+
+fn sm_error(e: impl ToString) -> StorageError {
+    StorageIOError::write_state_machine(AnyError::error(e.to_string())).into()
+}
+
+fn snapshot_error(meta: Option<&SnapshotMeta>, e: impl ToString) -> StorageError {
+    StorageIOError::write_snapshot(meta.map(|m| m.signature()), AnyError::error(e.to_string()))
+        .into()
+}
+
+/// openraft's handle on a group's state machine.
+pub struct StateMachine {
+    group: u32,
+    state: Arc<RwLock<GroupState>>,
+    applied_tx: watch::Sender<u64>,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    /// Commands applied so far; command `n` is applied as `GroupState::apply(n, ..)`, so every
+    /// command of a batch gets its own, deterministic index.
+    applied_commands: u64,
+    snapshots: Arc<SnapshotStore>,
+}
+
+impl StateMachine {
+    pub(crate) fn new(
+        group: u32,
+        last_applied: Option<LogId>,
+        membership: StoredMembership,
+        applied_commands: u64,
+        state: Arc<RwLock<GroupState>>,
+        applied_tx: watch::Sender<u64>,
+        snapshots: Arc<SnapshotStore>,
+    ) -> Self {
+        StateMachine {
+            group,
+            state,
+            applied_tx,
+            last_applied,
+            membership,
+            applied_commands,
+            snapshots,
+        }
+    }
+
+    fn header(&self, snapshot_id: String) -> SnapshotHeader {
+        SnapshotHeader {
+            format: SNAPSHOT_FORMAT,
+            group: self.group,
+            last_applied: self.last_applied,
+            membership: self.membership.clone(),
+            applied_commands: self.applied_commands,
+            snapshot_id,
+        }
+    }
+}
+
+fn snapshot_id(group: u32, last: Option<LogId>) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    match last {
+        Some(l) => format!("g{group}-{}-{}-{nanos}", l.leader_id.term, l.index),
+        None => format!("g{group}-none-{nanos}"),
+    }
+}
+
+fn meta_of(header: &SnapshotHeader) -> SnapshotMeta {
+    SnapshotMeta {
+        last_log_id: header.last_applied,
+        last_membership: header.membership.clone(),
+        snapshot_id: header.snapshot_id.clone(),
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        Ok((self.last_applied, self.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<BatchResponse>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut out = Vec::new();
+        {
+            let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+            for entry in entries {
+                self.last_applied = Some(entry.log_id);
+                match entry.payload {
+                    EntryPayload::Blank => out.push(BatchResponse::default()),
+                    EntryPayload::Normal(batch) => {
+                        let mut responses = Vec::with_capacity(batch.0.len());
+                        for cmd in &batch.0 {
+                            self.applied_commands += 1;
+                            responses.push(state.apply(self.applied_commands, cmd));
+                        }
+                        out.push(BatchResponse(responses));
+                    }
+                    EntryPayload::Membership(m) => {
+                        self.membership = StoredMembership::new(Some(entry.log_id), m);
+                        out.push(BatchResponse::default());
+                    }
+                }
+            }
+        }
+        if let Some(l) = self.last_applied {
+            self.applied_tx.send_replace(l.index);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        // Encode here, on the state machine task: the view is consistent with `last_applied`
+        // and no apply runs meanwhile. Writing the file happens in `build_snapshot`.
+        let header = self.header(snapshot_id(self.group, self.last_applied));
+        let payload = {
+            let state = self.state.read().unwrap_or_else(|e| e.into_inner());
+            state
+                .encode()
+                .and_then(|bytes| codec::encode_snapshot(&header, &bytes))
+        };
+        SnapshotBuilder {
+            meta: meta_of(&header),
+            payload: Some(payload),
+            snapshots: Arc::clone(&self.snapshots),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let payload = snapshot.into_inner();
+        let (header, state_bytes) =
+            codec::decode_snapshot(&payload).map_err(|e| snapshot_error(Some(meta), e))?;
+        let state = GroupState::decode(state_bytes).map_err(|e| snapshot_error(Some(meta), e))?;
+        let header = SnapshotHeader {
+            format: SNAPSHOT_FORMAT,
+            group: self.group,
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            applied_commands: header.applied_commands,
+            snapshot_id: meta.snapshot_id.clone(),
+        };
+        let file = codec::encode_snapshot(&header, state_bytes)
+            .map_err(|e| snapshot_error(Some(meta), e))?;
+        let store = Arc::clone(&self.snapshots);
+        let last = meta.last_log_id;
+        tokio::task::spawn_blocking(move || store.write(last, &file))
+            .await
+            .map_err(|e| snapshot_error(Some(meta), e))?
+            .map_err(|e| snapshot_error(Some(meta), e))?;
+
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+        self.last_applied = meta.last_log_id;
+        self.membership = meta.last_membership.clone();
+        self.applied_commands = header.applied_commands;
+        self.applied_tx
+            .send_replace(self.last_applied.map_or(0, |l| l.index));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let store = Arc::clone(&self.snapshots);
+        let read = tokio::task::spawn_blocking(move || store.read())
+            .await
+            .map_err(sm_error)?
+            .map_err(|e| {
+                StorageError::from(StorageIOError::read_snapshot(None, AnyError::error(e)))
+            })?;
+        Ok(read.map(|(header, payload)| Snapshot {
+            meta: meta_of(&header),
+            snapshot: Box::new(Cursor::new(payload)),
+        }))
+    }
+}
+
+/// Writes a snapshot encoded by [`StateMachine::get_snapshot_builder`].
+pub struct SnapshotBuilder {
+    meta: SnapshotMeta,
+    payload: Option<Result<Vec<u8>, String>>,
+    snapshots: Arc<SnapshotStore>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let payload = self
+            .payload
+            .take()
+            .unwrap_or_else(|| Err("snapshot already built".into()))
+            .map_err(|e| snapshot_error(Some(&self.meta), e))?;
+        let store = Arc::clone(&self.snapshots);
+        let last = self.meta.last_log_id;
+        let payload =
+            tokio::task::spawn_blocking(move || store.write(last, &payload).map(|()| payload))
+                .await
+                .map_err(|e| snapshot_error(Some(&self.meta), e))?
+                .map_err(|e| snapshot_error(Some(&self.meta), e))?;
+        tracing::info!(
+            group = self.snapshots.group,
+            last = ?self.meta.last_log_id,
+            bytes = payload.len(),
+            "snapshot built"
+        );
+        Ok(Snapshot {
+            meta: self.meta.clone(),
+            snapshot: Box::new(Cursor::new(payload)),
+        })
+    }
+}

@@ -1,0 +1,205 @@
+//! Shared application state: the Raft node, configuration, clock and background work.
+
+use crate::config::Config;
+use crate::http::error::ApiError;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use ursula_core::command::{Command, Op, Reply};
+use ursula_core::stream::StreamState;
+use ursula_core::{ErrorCode, GroupState, StreamKey};
+use ursula_raft::{Node, ProposeError};
+
+pub struct App {
+    pub node: Arc<Node>,
+    pub cfg: Config,
+    clock: AtomicU64,
+    pin_counter: AtomicU64,
+    outbox_busy: Vec<AtomicBool>,
+    pub shutdown: tokio::sync::watch::Sender<bool>,
+    pub metrics: crate::metrics::Metrics,
+}
+
+impl App {
+    pub fn new(node: Arc<Node>, cfg: Config) -> Arc<Self> {
+        let groups = node.group_count();
+        Arc::new(App {
+            node,
+            cfg,
+            clock: AtomicU64::new(0),
+            pin_counter: AtomicU64::new(0),
+            outbox_busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+            shutdown: tokio::sync::watch::channel(false).0,
+            metrics: crate::metrics::Metrics::default(),
+        })
+    }
+
+    /// Wall-clock milliseconds, never going backwards within this process.
+    pub fn now_ms(&self) -> u64 {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let prev = self.clock.fetch_max(wall, Ordering::AcqRel);
+        prev.max(wall)
+    }
+
+    pub fn group_of(&self, key: &StreamKey) -> u32 {
+        key.group(self.node.group_count())
+    }
+
+    /// A fresh pin id, unique on this node.
+    pub fn next_pin_id(&self) -> u64 {
+        let n = self.pin_counter.fetch_add(1, Ordering::Relaxed);
+        (self.now_ms() << 20) ^ n
+    }
+
+    /// Replicates `op` in `group` and returns what the state machine answered.
+    pub async fn propose(self: &Arc<Self>, group: u32, op: Op) -> Result<Reply, ApiError> {
+        let cmd = Command {
+            now_ms: self.now_ms(),
+            op,
+        };
+        let res = self.node.propose(group, cmd).await;
+        match res {
+            Ok(Ok(reply)) => {
+                self.kick_outbox(group);
+                Ok(reply)
+            }
+            Ok(Err(rejection)) => Err(rejection.into()),
+            Err(ProposeError::Unavailable(m)) => {
+                Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, m))
+            }
+            Err(e) => {
+                tracing::error!(group, error = %e, "proposal failed");
+                Err(ApiError::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "the write could not be made durable",
+                ))
+            }
+        }
+    }
+
+    /// Reads a stream's state under its group's read lock.
+    pub fn with_stream<R>(&self, key: &StreamKey, f: impl FnOnce(&StreamState) -> R) -> Option<R> {
+        let g = self.node.state(self.group_of(key));
+        let guard = g.read().unwrap_or_else(|e| e.into_inner());
+        guard.streams.get(key).map(f)
+    }
+
+    pub fn with_group<R>(&self, group: u32, f: impl FnOnce(&GroupState) -> R) -> R {
+        let g = self.node.state(group);
+        let guard = g.read().unwrap_or_else(|e| e.into_inner());
+        f(&guard)
+    }
+
+    /// Delivers pin releases a group owes to fork sources (forks.md §10.1).
+    pub fn kick_outbox(self: &Arc<Self>, group: u32) {
+        let pending = self.with_group(group, |g| !g.outbox.is_empty());
+        if !pending || self.outbox_busy[group as usize].swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let app = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let items: Vec<_> = app.with_group(group, |g| g.outbox.values().cloned().collect());
+                if items.is_empty() {
+                    break;
+                }
+                let mut failed = false;
+                for item in items {
+                    let src_group = app.group_of(&item.source);
+                    let unpin = Op::Unpin {
+                        key: item.source.clone(),
+                        pin_id: item.pin_id,
+                    };
+                    let ok = app.propose_raw(src_group, unpin).await
+                        && app.propose_raw(group, Op::OutboxDone { id: item.id }).await;
+                    failed |= !ok;
+                }
+                if failed {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    if *app.shutdown.borrow() {
+                        break;
+                    }
+                }
+            }
+            app.outbox_busy[group as usize].store(false, Ordering::Release);
+        });
+    }
+
+    /// Proposes without outbox follow-up; true when the command was applied.
+    async fn propose_raw(self: &Arc<Self>, group: u32, op: Op) -> bool {
+        let cmd = Command {
+            now_ms: self.now_ms(),
+            op,
+        };
+        let res = self.node.propose(group, cmd).await;
+        if let Ok(Ok(_)) = &res {
+            // A release may cascade into the source's own outbox.
+            self.kick_outbox(group);
+        }
+        res.is_ok()
+    }
+
+    /// Background upkeep: lapse expired streams, deliver outboxes, release stale pins.
+    pub fn spawn_upkeep(self: &Arc<Self>) {
+        let app = self.clone();
+        let mut stop = self.shutdown.subscribe();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = stop.changed() => break,
+                }
+                app.upkeep_pass().await;
+            }
+        });
+    }
+
+    async fn upkeep_pass(self: &Arc<Self>) {
+        let now = self.now_ms();
+        for group in 0..self.node.group_count() {
+            self.kick_outbox(group);
+            let (expired, stale_pins) = self.with_group(group, |g| {
+                let expired: Vec<_> = g
+                    .streams
+                    .iter()
+                    .filter(|(_, s)| !s.soft_deleted && s.expired(now))
+                    .map(|(k, s)| (k.clone(), s.incarnation))
+                    .collect();
+                let pins: Vec<_> = g
+                    .streams
+                    .iter()
+                    .flat_map(|(k, s)| {
+                        s.pins
+                            .iter()
+                            .filter(|(_, p)| p.deadline_ms < now)
+                            .map(move |(id, p)| (k.clone(), *id, p.fork_key.clone()))
+                    })
+                    .collect();
+                (expired, pins)
+            });
+            for (key, incarnation) in expired {
+                self.propose_raw(group, Op::Expire { key, incarnation })
+                    .await;
+            }
+            for (source, pin_id, fork_key) in stale_pins {
+                let held = self
+                    .with_stream(&fork_key, |f| {
+                        f.fork.as_ref().is_some_and(|l| l.pin_id == pin_id)
+                    })
+                    .unwrap_or(false);
+                if !held {
+                    self.propose_raw(
+                        group,
+                        Op::Unpin {
+                            key: source,
+                            pin_id,
+                        },
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+}

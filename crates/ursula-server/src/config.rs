@@ -1,0 +1,114 @@
+//! Configuration: a TOML file, overridden by environment variables, overridden by flags.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Every setting of a node, with its default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Client listener. Default: 127.0.0.1:4437.
+    pub listen: SocketAddr,
+    /// Data directory (WAL, snapshots). Default: ./ursula-data.
+    pub data_dir: PathBuf,
+    /// Number of Raft groups streams are spread over. Default: 16.
+    pub group_count: u32,
+    /// Long-poll wait when the request has no `timeout_ms`. Default: 1000 ms.
+    pub long_poll_timeout_ms: u64,
+    /// Largest request body. Default: 33554432 (32 MiB).
+    pub max_request_bytes: u64,
+    /// Largest catch-up response body. Default: 33554432 (32 MiB).
+    pub max_read_bytes: u64,
+    /// SSE data batch size when the request has no `max_bytes`. Default: 1048576.
+    pub sse_batch_bytes: u64,
+    /// Time allowed for a request head to arrive. Default: 10000 ms.
+    pub header_timeout_ms: u64,
+    /// Time allowed for a request body to arrive. Default: 30000 ms.
+    pub body_timeout_ms: u64,
+    /// Raft log entries between state-machine snapshots. Default: 20000.
+    pub snapshot_logs: u64,
+    /// Origins allowed by CORS (`*` for any; empty disables CORS). Default: ["*"].
+    pub cors_allowed_origins: Vec<String>,
+    /// Public base URL used in `Location` headers. Default: from the Host header.
+    pub public_url: Option<String>,
+    /// fsync the log (never disable outside tests). Default: true.
+    pub fsync: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 4437)),
+            data_dir: PathBuf::from("./ursula-data"),
+            group_count: 16,
+            long_poll_timeout_ms: 1000,
+            max_request_bytes: 32 * 1024 * 1024,
+            max_read_bytes: 32 * 1024 * 1024,
+            sse_batch_bytes: 1024 * 1024,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            snapshot_logs: 20_000,
+            cors_allowed_origins: vec!["*".to_owned()],
+            public_url: None,
+            fsync: true,
+        }
+    }
+}
+
+impl Config {
+    /// Reads a TOML file.
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("invalid config {}: {e}", path.display()))
+    }
+
+    /// Rejects values the server cannot run with.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=1024).contains(&self.group_count),
+            "group_count must be 1..=1024"
+        );
+        anyhow::ensure!(
+            (1..=60_000).contains(&self.long_poll_timeout_ms),
+            "long_poll_timeout_ms must be 1..=60000"
+        );
+        anyhow::ensure!(
+            self.max_request_bytes >= 1,
+            "max_request_bytes must be at least 1"
+        );
+        anyhow::ensure!(
+            self.sse_batch_bytes >= 1,
+            "sse_batch_bytes must be at least 1"
+        );
+        anyhow::ensure!(
+            self.snapshot_logs >= 100,
+            "snapshot_logs must be at least 100"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_defaults() {
+        let c: Config =
+            toml::from_str("group_count = 4\nlisten = \"127.0.0.1:9000\"").expect("parse");
+        assert_eq!(c.group_count, 4);
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.long_poll_timeout_ms, 1000);
+        assert!(toml::from_str::<Config>("bogus = 1").is_err());
+        assert!(
+            Config {
+                group_count: 0,
+                ..Config::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

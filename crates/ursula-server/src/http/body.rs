@@ -1,0 +1,73 @@
+//! Reading request bodies within the size limit and the body timeout.
+
+use super::error::ApiError;
+use crate::app::App;
+use axum::body::Body;
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body_util::BodyExt;
+use std::time::Duration;
+use ursula_core::ErrorCode;
+
+fn too_large(limit: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::PAYLOAD_TOO_LARGE,
+        format!("request body is larger than {limit} bytes"),
+    )
+}
+
+/// Reads the whole body; `413` beyond `limit`, `408` when it does not arrive in time.
+pub async fn read(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large(limit));
+    }
+    let timeout = Duration::from_millis(app.cfg.body_timeout_ms);
+    let collect = async {
+        let mut body = body;
+        let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+        let mut single: Option<Bytes> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::new(
+                    ErrorCode::MALFORMED_REQUEST,
+                    format!("request body could not be read: {e}"),
+                )
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let total = buf.len() as u64
+                + single.as_ref().map_or(0, |b| b.len() as u64)
+                + data.len() as u64;
+            if total > limit {
+                return Err(too_large(limit));
+            }
+            // Keep the common one-chunk body without copying it.
+            if buf.is_empty() && single.is_none() {
+                single = Some(data);
+            } else {
+                if let Some(first) = single.take() {
+                    buf.extend_from_slice(&first);
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(single.unwrap_or_else(|| buf.freeze()))
+    };
+    match tokio::time::timeout(timeout, collect).await {
+        Ok(r) => r,
+        Err(_) => Err(ApiError::new(
+            ErrorCode::REQUEST_TIMEOUT,
+            "request body did not arrive in time",
+        )),
+    }
+}

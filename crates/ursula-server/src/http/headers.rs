@@ -1,0 +1,283 @@
+//! Header names and parsing of the protocol's request headers (protocol.md §2.2).
+
+use super::error::ApiError;
+use http::{HeaderMap, HeaderValue};
+use ursula_core::ErrorCode;
+use ursula_core::command::{Lifetime, ProducerHdr};
+use ursula_core::ids::Incarnation;
+
+pub const STREAM_NEXT_OFFSET: &str = "stream-next-offset";
+pub const STREAM_EARLIEST_OFFSET: &str = "stream-earliest-offset";
+pub const STREAM_BOOTSTRAP_LOCATION: &str = "stream-bootstrap-location";
+pub const STREAM_CLOSED: &str = "stream-closed";
+pub const STREAM_UP_TO_DATE: &str = "stream-up-to-date";
+pub const STREAM_CURSOR: &str = "stream-cursor";
+pub const STREAM_TTL: &str = "stream-ttl";
+pub const STREAM_EXPIRES_AT: &str = "stream-expires-at";
+pub const STREAM_SEQ: &str = "stream-seq";
+pub const STREAM_INCARNATION: &str = "stream-incarnation";
+pub const STREAM_EXTENSIONS: &str = "stream-extensions";
+pub const STREAM_RECORD_START: &str = "stream-record-start";
+pub const STREAM_RECORD_NEXT: &str = "stream-record-next";
+pub const STREAM_RECORD_FIRST: &str = "stream-record-first";
+pub const STREAM_RECORD_MATCH: &str = "stream-record-match";
+pub const STREAM_RETAINED_OFFSET: &str = "stream-retained-offset";
+pub const STREAM_FORKED_FROM: &str = "stream-forked-from";
+pub const STREAM_FORK_OFFSET: &str = "stream-fork-offset";
+pub const STREAM_FORK_SUB_OFFSET: &str = "stream-fork-sub-offset";
+pub const PRODUCER_ID: &str = "producer-id";
+pub const PRODUCER_EPOCH: &str = "producer-epoch";
+pub const PRODUCER_SEQ: &str = "producer-seq";
+pub const PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
+pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
+pub const STREAM_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
+pub const STREAM_DATA_CONTENT_TYPE: &str = "stream-data-content-type";
+pub const MAX_REQUEST_BYTES_HDR: &str = "ursula-max-request-bytes";
+pub const JSON_RECORDS_EXT: &str = "json-record-coordinates-v1";
+
+/// Largest producer epoch/sequence: 2^53 - 1.
+const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
+
+/// Inserts a header whose value we produced (never fails for valid text).
+pub fn put(hm: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        hm.insert(name, v);
+    }
+}
+
+/// A header as text; a value that is not visible ASCII counts as the given error.
+pub fn text<'a>(
+    hm: &'a HeaderMap,
+    name: &str,
+    code: ErrorCode,
+) -> Result<Option<&'a str>, ApiError> {
+    match hm.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::new(code, format!("{name} is not valid text"))),
+    }
+}
+
+/// `Stream-Closed`: present only when equal to `true` case-insensitively.
+pub fn closed(hm: &HeaderMap) -> bool {
+    hm.get(STREAM_CLOSED)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// `Stream-Seq`: empty or whitespace counts as absent.
+pub fn stream_seq(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
+    Ok(text(hm, STREAM_SEQ, ErrorCode::INVALID_HEADER)?
+        .filter(|v| !v.trim().is_empty())
+        .map(str::to_owned))
+}
+
+/// The request's normalized content type, `None` when absent or empty.
+pub fn content_type(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
+    Ok(text(hm, "content-type", ErrorCode::INVALID_HEADER)?
+        .filter(|v| !v.trim().is_empty())
+        .map(ursula_core::content_type::normalize))
+}
+
+fn unsigned(v: &str) -> Option<u64> {
+    let v = v.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+/// `Producer-Id`/`Epoch`/`Seq`: all three or none.
+pub fn producer(hm: &HeaderMap) -> Result<Option<ProducerHdr>, ApiError> {
+    let bad = |m: &str| ApiError::new(ErrorCode::INVALID_PRODUCER, m.to_owned());
+    let id = text(hm, PRODUCER_ID, ErrorCode::INVALID_PRODUCER)?;
+    let epoch = text(hm, PRODUCER_EPOCH, ErrorCode::INVALID_PRODUCER)?;
+    let seq = text(hm, PRODUCER_SEQ, ErrorCode::INVALID_PRODUCER)?;
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => {
+            let id = id.trim();
+            if id.is_empty() {
+                return Err(bad("Producer-Id must not be empty"));
+            }
+            let num = |v: &str, name: &str| {
+                unsigned(v)
+                    .filter(|n| *n <= MAX_PRODUCER_NUMBER)
+                    .ok_or_else(|| bad(&format!("{name} must be an integer from 0 to 2^53-1")))
+            };
+            Ok(Some(ProducerHdr {
+                id: id.to_owned(),
+                epoch: num(epoch, "Producer-Epoch")?,
+                seq: num(seq, "Producer-Seq")?,
+            }))
+        }
+        _ => Err(bad(
+            "Producer-Id, Producer-Epoch and Producer-Seq must be sent together",
+        )),
+    }
+}
+
+/// `Stream-Incarnation` precondition.
+pub fn incarnation(hm: &HeaderMap) -> Result<Option<Incarnation>, ApiError> {
+    match text(hm, STREAM_INCARNATION, ErrorCode::INVALID_HEADER)? {
+        None => Ok(None),
+        Some(v) => Incarnation::parse(v).map(Some).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::INVALID_HEADER,
+                "Stream-Incarnation must be 32 hex digits",
+            )
+        }),
+    }
+}
+
+/// `Stream-Record-Match`.
+pub fn record_match(hm: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    match text(hm, STREAM_RECORD_MATCH, ErrorCode::INVALID_HEADER)? {
+        None => Ok(None),
+        Some(v) => unsigned(v).map(Some).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::INVALID_HEADER,
+                "Stream-Record-Match must be an unsigned integer",
+            )
+        }),
+    }
+}
+
+/// `Stream-TTL` and `Stream-Expires-At` (mutually exclusive, must lie in the future).
+pub fn lifetime(hm: &HeaderMap, now_ms: u64) -> Result<Lifetime, ApiError> {
+    let bad = |m: String| ApiError::new(ErrorCode::INVALID_HEADER, m);
+    let ttl = text(hm, STREAM_TTL, ErrorCode::INVALID_HEADER)?;
+    let exp = text(hm, STREAM_EXPIRES_AT, ErrorCode::INVALID_HEADER)?;
+    if ttl.is_some() && exp.is_some() {
+        return Err(bad(
+            "Stream-TTL and Stream-Expires-At are mutually exclusive".into(),
+        ));
+    }
+    let mut lt = Lifetime::default();
+    if let Some(v) = ttl {
+        let v = v.trim();
+        let valid = !v.is_empty()
+            && v.bytes().all(|b| b.is_ascii_digit())
+            && !v.starts_with('0')
+            && v.parse::<u64>()
+                .ok()
+                .is_some_and(|n| n.checked_mul(1000).is_some());
+        if !valid {
+            return Err(bad(format!(
+                "Stream-TTL {v:?} must be a positive number of seconds"
+            )));
+        }
+        lt.ttl_s = v.parse().ok();
+    }
+    if let Some(v) = exp {
+        let t = chrono::DateTime::parse_from_rfc3339(v.trim()).map_err(|_| {
+            bad(format!(
+                "Stream-Expires-At {v:?} is not an RFC 3339 timestamp"
+            ))
+        })?;
+        let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);
+        if ms <= now_ms {
+            return Err(bad("Stream-Expires-At must lie in the future".into()));
+        }
+        lt.expires_at_ms = Some(ms);
+    }
+    Ok(lt)
+}
+
+/// Formats an absolute expiry as RFC 3339 UTC with milliseconds.
+pub fn format_expiry(ms: u64) -> String {
+    let t = chrono::DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX))
+        .unwrap_or_default();
+    t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()
+}
+
+/// Puts the lifetime headers of a stream.
+pub fn put_lifetime(hm: &mut HeaderMap, lt: &Lifetime) {
+    if let Some(t) = lt.ttl_s {
+        put(hm, STREAM_TTL, &t.to_string());
+    }
+    if let Some(e) = lt.expires_at_ms {
+        put(hm, STREAM_EXPIRES_AT, &format_expiry(e));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hm(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.insert(*k, HeaderValue::from_str(v).expect("header"));
+        }
+        m
+    }
+
+    #[test]
+    fn ttl_grammar() {
+        assert_eq!(
+            lifetime(&hm(&[(STREAM_TTL, "3600")]), 0).expect("ok").ttl_s,
+            Some(3600)
+        );
+        for bad in ["0", "-1", "+3600", "03600", "3600.0", "3.6e3", ""] {
+            assert!(lifetime(&hm(&[(STREAM_TTL, bad)]), 0).is_err(), "{bad:?}");
+        }
+        assert!(
+            lifetime(
+                &hm(&[
+                    (STREAM_TTL, "1"),
+                    (STREAM_EXPIRES_AT, "2099-01-01T00:00:00Z")
+                ]),
+                0
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn expiry_must_be_future() {
+        let lt = lifetime(&hm(&[(STREAM_EXPIRES_AT, "2030-01-01T00:00:00Z")]), 0).expect("ok");
+        assert_eq!(
+            format_expiry(lt.expires_at_ms.expect("set")),
+            "2030-01-01T00:00:00.000Z"
+        );
+        assert!(
+            lifetime(
+                &hm(&[(STREAM_EXPIRES_AT, "2000-01-01T00:00:00Z")]),
+                1_800_000_000_000
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn producer_headers() {
+        assert!(producer(&hm(&[(PRODUCER_ID, "p")])).is_err());
+        assert!(
+            producer(&hm(&[
+                (PRODUCER_ID, " "),
+                (PRODUCER_EPOCH, "0"),
+                (PRODUCER_SEQ, "0")
+            ]))
+            .is_err()
+        );
+        assert!(
+            producer(&hm(&[
+                (PRODUCER_ID, "p"),
+                (PRODUCER_EPOCH, "9007199254740992"),
+                (PRODUCER_SEQ, "0")
+            ]))
+            .is_err()
+        );
+        let p = producer(&hm(&[
+            (PRODUCER_ID, "p"),
+            (PRODUCER_EPOCH, " 2 "),
+            (PRODUCER_SEQ, "3"),
+        ]))
+        .expect("ok")
+        .expect("some");
+        assert_eq!((p.epoch, p.seq), (2, 3));
+    }
+}

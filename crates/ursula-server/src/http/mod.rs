@@ -1,0 +1,167 @@
+//! The HTTP API: one entry point that answers CORS, routes, and adds the common headers.
+
+pub mod body;
+pub mod bucket;
+pub mod error;
+pub mod headers;
+pub mod ops;
+pub mod path;
+pub mod read;
+pub mod render;
+pub mod sse;
+pub mod write;
+
+use crate::app::App;
+use crate::metrics::inc;
+use axum::body::Body;
+use error::ApiError;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use path::{Route, Sub};
+use std::sync::Arc;
+use ursula_core::ErrorCode;
+
+pub type Resp = Response<Body>;
+pub type ApiResult = Result<Resp, ApiError>;
+
+const ALLOW_STREAM: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS";
+const DEFAULT_ALLOW_HEADERS: &str = "Content-Type, Stream-Seq, Stream-TTL, Stream-Expires-At, \
+Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, Producer-Id, \
+Producer-Epoch, Producer-Seq, Stream-Incarnation, Stream-Record-Match, Stream-Attrs, \
+Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Match, Authorization";
+
+/// Answers one request.
+pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
+    inc(&app.metrics.requests, 1);
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let mut resp = if req.method() == Method::OPTIONS {
+        options(&app, &req, origin.as_ref())
+    } else {
+        match dispatch(&app, req).await {
+            Ok(r) => r,
+            Err(e) => error::render(e),
+        }
+    };
+    let status = resp.status();
+    if status.is_client_error() {
+        inc(&app.metrics.errors_4xx, 1);
+    } else if status.is_server_error() {
+        inc(&app.metrics.errors_5xx, 1);
+    }
+    common_headers(&app, &mut resp, origin.as_ref());
+    resp
+}
+
+fn allowed_origin(app: &App, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
+    let origin = origin?;
+    let list = &app.cfg.cors_allowed_origins;
+    if list.iter().any(|o| o == "*") {
+        return Some(HeaderValue::from_static("*"));
+    }
+    let o = origin.to_str().ok()?;
+    list.iter().any(|a| a == o).then(|| origin.clone())
+}
+
+fn common_headers(app: &App, resp: &mut Resp, origin: Option<&HeaderValue>) {
+    let hm = resp.headers_mut();
+    hm.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    hm.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static("cross-origin"),
+    );
+    if !hm.contains_key(header::CACHE_CONTROL) {
+        hm.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    if let Some(allow) = allowed_origin(app, origin) {
+        if allow != "*" {
+            hm.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
+        hm.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
+        hm.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("*"),
+        );
+    }
+}
+
+fn options(app: &App, req: &Request<Body>, origin: Option<&HeaderValue>) -> Resp {
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    let hm = resp.headers_mut();
+    if req
+        .headers()
+        .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+    {
+        if allowed_origin(app, origin).is_some() {
+            hm.insert(
+                header::ACCESS_CONTROL_ALLOW_METHODS,
+                HeaderValue::from_static(ALLOW_STREAM),
+            );
+            let allow_headers = req
+                .headers()
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .cloned()
+                .unwrap_or(HeaderValue::from_static(DEFAULT_ALLOW_HEADERS));
+            hm.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, allow_headers);
+            hm.insert(
+                header::ACCESS_CONTROL_MAX_AGE,
+                HeaderValue::from_static("600"),
+            );
+        }
+    } else {
+        hm.insert(header::ALLOW, HeaderValue::from_static(ALLOW_STREAM));
+    }
+    resp
+}
+
+fn method_not_allowed(allow: &'static str) -> ApiError {
+    let mut e = ApiError::new(
+        ErrorCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this route",
+    );
+    e.allow = Some(allow);
+    e
+}
+
+pub fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NOT_FOUND, "not found")
+}
+
+async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
+    let route = path::route(req.uri().path())?;
+    let method = req.method().clone();
+    match route {
+        Route::NotFound => Err(not_found()),
+        Route::Ops(segs) => ops::handle(app, &method, &segs).await,
+        Route::Bucket(bucket) => match method {
+            Method::PUT => bucket::create(app, &bucket).await,
+            Method::GET | Method::HEAD => bucket::info(app, &bucket),
+            Method::DELETE => bucket::delete(app, &bucket).await,
+            _ => Err(method_not_allowed("GET, HEAD, PUT, DELETE, OPTIONS")),
+        },
+        Route::List(bucket) => match method {
+            Method::GET | Method::HEAD => bucket::list(app, &bucket, req.uri().query()),
+            _ => Err(method_not_allowed("GET, HEAD, OPTIONS")),
+        },
+        Route::Stream(target, None) => match method {
+            Method::PUT => write::create(app, &target, req).await,
+            Method::POST => write::append(app, &target, req).await,
+            Method::DELETE => write::delete(app, &target, req.headers()).await,
+            Method::GET => read::get(app, &target, req).await,
+            Method::HEAD => read::head(app, &target, req.headers()),
+            _ => Err(method_not_allowed(ALLOW_STREAM)),
+        },
+        Route::Stream(
+            _,
+            Some(
+                Sub::Snapshot(_)
+                | Sub::Retention(_)
+                | Sub::Bootstrap
+                | Sub::Attrs
+                | Sub::AppendBatch,
+            ),
+        ) => Err(not_found()),
+    }
+}

@@ -1,0 +1,253 @@
+//! Server-Sent Events reads (protocol.md §10.4).
+
+use super::path::Target;
+use super::read::{self, ReadQuery, Repr, View};
+use super::{ApiResult, headers as h};
+use crate::app::App;
+use crate::metrics::{Gauge, inc};
+use axum::body::Body;
+use base64::Engine as _;
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use ursula_core::content_type;
+use ursula_core::offset::Off;
+
+/// A comment line after this long without events keeps proxies from closing the response.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Responses end at a control-event boundary after about this long (OQ-21).
+const MAX_LIFETIME: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Text,
+    Json,
+    Base64,
+}
+
+pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) -> ApiResult {
+    let enc = if v.json {
+        Encoding::Json
+    } else if content_type::is_text(&v.content_type) {
+        Encoding::Text
+    } else {
+        Encoding::Base64
+    };
+    let mut resp = Response::new(Body::empty());
+    let hm = resp.headers_mut();
+    hm.insert(
+        "content-type",
+        HeaderValue::from_static("text/event-stream"),
+    );
+    hm.insert("cache-control", HeaderValue::from_static("no-cache"));
+    let data_ct = if v.json {
+        "application/json"
+    } else {
+        v.content_type.as_str()
+    };
+    h::put(hm, h::STREAM_DATA_CONTENT_TYPE, data_ct);
+    h::put(hm, h::STREAM_INCARNATION, &v.incarnation.to_string());
+    if enc == Encoding::Base64 {
+        hm.insert(
+            h::STREAM_SSE_DATA_ENCODING,
+            HeaderValue::from_static("base64"),
+        );
+    }
+    if v.json {
+        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+    }
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let batch = q.max_bytes.unwrap_or(app.cfg.sse_batch_bytes);
+    tokio::spawn(run(app, target, start, batch, q.cursor, enc, tx));
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    *resp.body_mut() = Body::from_stream(stream);
+    Ok(resp)
+}
+
+fn data_event(enc: Encoding, payload: &[u8]) -> String {
+    let mut ev = String::from("event: data\n");
+    match enc {
+        Encoding::Base64 => {
+            ev.push_str("data:");
+            ev.push_str(&base64::engine::general_purpose::STANDARD.encode(payload));
+            ev.push('\n');
+        }
+        Encoding::Text | Encoding::Json => {
+            let text = String::from_utf8_lossy(payload);
+            for line in text.split('\n') {
+                let clean: String = line.chars().filter(|c| *c != '\r' && *c != '\0').collect();
+                ev.push_str(if clean.starts_with(' ') {
+                    "data: "
+                } else {
+                    "data:"
+                });
+                ev.push_str(&clean);
+                ev.push('\n');
+            }
+        }
+    }
+    ev.push('\n');
+    ev
+}
+
+fn control_event(next: u64, cursor: Option<String>, up_to_date: bool, closed: bool) -> String {
+    let mut m = serde_json::Map::new();
+    m.insert("streamNextOffset".into(), Off(next).to_string().into());
+    if let Some(c) = cursor {
+        m.insert("streamCursor".into(), c.into());
+    }
+    if up_to_date {
+        m.insert("upToDate".into(), true.into());
+    }
+    if closed {
+        m.insert("streamClosed".into(), true.into());
+    }
+    format!("event: control\ndata:{}\n\n", serde_json::Value::Object(m))
+}
+
+fn error_event(msg: &str) -> String {
+    format!("event: error\ndata:{}\n\n", msg.replace(['\n', '\r'], " "))
+}
+
+/// Shortens a text batch so it never ends inside a UTF-8 sequence.
+fn utf8_end(bytes: &[u8]) -> usize {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => bytes.len(),
+        Err(e) if e.error_len().is_none() => e.valid_up_to(),
+        Err(_) => bytes.len(),
+    }
+}
+
+async fn run(
+    app: Arc<App>,
+    target: Target,
+    mut pos: u64,
+    batch: u64,
+    mut cursor_echo: Option<String>,
+    enc: Encoding,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let _open = Gauge::new(&app.metrics.sse_connections);
+    let key = &target.key;
+    let mut applied = app.node.applied(app.group_of(key));
+    let started = tokio::time::Instant::now();
+    let repr = if enc == Encoding::Json {
+        Repr::JsonArray
+    } else {
+        Repr::Bytes
+    };
+    let mut first = true;
+    let mut stop = app.shutdown.subscribe();
+    loop {
+        let v = match read::view(&app, key, app.now_ms()) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tx
+                    .send(Bytes::from(error_event(&e.rejection.message)))
+                    .await;
+                return;
+            }
+        };
+        if pos < v.retained {
+            let e = read::gone(&target, pos, v.retained);
+            let _ = tx
+                .send(Bytes::from(error_event(&e.rejection.message)))
+                .await;
+            return;
+        }
+        if pos < v.tail {
+            let mut end = read::window_end(&app, key, &v, repr, pos, batch);
+            let mut raw = Vec::new();
+            if let Err(e) = read::collect(&app, key, pos, end, &mut raw) {
+                let _ = tx
+                    .send(Bytes::from(error_event(&e.rejection.message)))
+                    .await;
+                return;
+            }
+            if enc == Encoding::Text {
+                let keep = utf8_end(&raw);
+                if keep > 0 {
+                    raw.truncate(keep);
+                    end = pos + keep as u64;
+                }
+            }
+            let payload = if enc == Encoding::Json {
+                let mut out = Vec::with_capacity(raw.len() + 2);
+                ursula_core::json::ndjson_to_array(&raw, &mut out);
+                out
+            } else {
+                raw
+            };
+            inc(&app.metrics.read_bytes, end - pos);
+            let at_tail = end == v.tail;
+            let closed = at_tail && v.closed;
+            let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
+            let mut ev = data_event(enc, &payload);
+            ev.push_str(&control_event(end, c.clone(), at_tail, closed));
+            if tx.send(Bytes::from(ev)).await.is_err() {
+                return;
+            }
+            cursor_echo = c;
+            pos = end;
+            first = false;
+            if closed || (at_tail && started.elapsed() > MAX_LIFETIME) {
+                return;
+            }
+            continue;
+        }
+        if first || v.closed {
+            let c = (!v.closed).then(|| read::cursor(v.tail, cursor_echo.as_deref()));
+            if tx
+                .send(Bytes::from(control_event(
+                    v.tail,
+                    c.clone(),
+                    true,
+                    v.closed,
+                )))
+                .await
+                .is_err()
+                || v.closed
+            {
+                return;
+            }
+            cursor_echo = c;
+            first = false;
+        }
+        if started.elapsed() > MAX_LIFETIME {
+            return;
+        }
+        // Wait for a commit in the stream's group, keeping the TTL alive and the line warm.
+        let tick = v
+            .lifetime
+            .ttl_s
+            .map_or(KEEPALIVE, |t| {
+                Duration::from_millis(t.saturating_mul(1000).div_ceil(4))
+            })
+            .min(KEEPALIVE);
+        let mut last_sent = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                r = applied.changed() => {
+                    if r.is_err() { return; }
+                    break;
+                }
+                _ = tokio::time::sleep(tick) => {
+                    if last_sent.elapsed() >= KEEPALIVE {
+                        if tx.send(Bytes::from_static(b":\n")).await.is_err() { return; }
+                        last_sent = tokio::time::Instant::now();
+                    }
+                }
+                _ = tx.closed() => return,
+                _ = stop.changed() => return,
+            }
+            if let Ok(v) = read::view(&app, key, app.now_ms()) {
+                read::touch_if_due(&app, key, &v).await;
+            }
+        }
+    }
+}

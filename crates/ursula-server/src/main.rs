@@ -1,0 +1,170 @@
+//! `ursula`: the durable stream server.
+
+mod app;
+mod config;
+mod http;
+mod metrics;
+mod server;
+
+use clap::{Parser, Subcommand};
+use config::Config;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "ursula",
+    version,
+    about = "Durable, append-only, replayable streams over HTTP"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a node. With no flags: 127.0.0.1:4437, data in ./ursula-data, durable (fsync).
+    Server(ServerArgs),
+}
+
+#[derive(clap::Args)]
+struct ServerArgs {
+    /// TOML configuration file; flags and environment variables override it.
+    #[arg(long, env = "URSULA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:4437].
+    #[arg(long, env = "URSULA_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// Data directory [default: ./ursula-data].
+    #[arg(long, env = "URSULA_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Number of Raft groups streams are spread over [default: 16].
+    #[arg(long, env = "URSULA_GROUP_COUNT")]
+    group_count: Option<u32>,
+    /// Default long-poll wait in milliseconds [default: 1000].
+    #[arg(long, env = "URSULA_LONG_POLL_TIMEOUT_MS")]
+    long_poll_timeout_ms: Option<u64>,
+    /// Largest request body in bytes [default: 33554432].
+    #[arg(long, env = "URSULA_MAX_REQUEST_BYTES")]
+    max_request_bytes: Option<u64>,
+    /// Raft log entries between state-machine snapshots [default: 20000].
+    #[arg(long, env = "URSULA_SNAPSHOT_LOGS")]
+    snapshot_logs: Option<u64>,
+    /// Public base URL for Location headers [default: from the Host header].
+    #[arg(long, env = "URSULA_PUBLIC_URL")]
+    public_url: Option<String>,
+    /// Log format: text or json [default: text].
+    #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+impl ServerArgs {
+    fn into_config(self) -> anyhow::Result<(Config, String)> {
+        let mut c = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        if let Some(v) = self.listen {
+            c.listen = v;
+        }
+        if let Some(v) = self.data_dir {
+            c.data_dir = v;
+        }
+        if let Some(v) = self.group_count {
+            c.group_count = v;
+        }
+        if let Some(v) = self.long_poll_timeout_ms {
+            c.long_poll_timeout_ms = v;
+        }
+        if let Some(v) = self.max_request_bytes {
+            c.max_request_bytes = v;
+        }
+        if let Some(v) = self.snapshot_logs {
+            c.snapshot_logs = v;
+        }
+        if self.public_url.is_some() {
+            c.public_url = self.public_url;
+        }
+        c.validate()?;
+        Ok((c, self.log_format))
+    }
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("URSULA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let Cmd::Server(args) = cli.cmd;
+    let (cfg, log_format) = args.into_config()?;
+    init_tracing(&log_format);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(cfg))
+}
+
+async fn serve(cfg: Config) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let started = std::time::Instant::now();
+    let node = ursula_raft::Node::open(ursula_raft::NodeConfig {
+        data_dir: cfg.data_dir.clone(),
+        node_id: 1,
+        group_count: cfg.group_count,
+        wal: ursula_storage::WalOptions {
+            fsync: cfg.fsync,
+            ..Default::default()
+        },
+        snapshot_logs: cfg.snapshot_logs,
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(
+        %addr,
+        data_dir = %cfg.data_dir.display(),
+        groups = cfg.group_count,
+        recovery_ms = started.elapsed().as_millis() as u64,
+        "ursula listening"
+    );
+    let app = app::App::new(node.clone(), cfg);
+    app.spawn_upkeep();
+    server::run(listener, app, shutdown_signal()).await;
+    node.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

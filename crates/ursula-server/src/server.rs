@@ -1,0 +1,58 @@
+//! The HTTP/1.1 listener: connection timeouts and graceful shutdown.
+
+use crate::app::App;
+use axum::body::Body;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Serves `listener` until `shutdown` resolves, then drains connections.
+pub async fn run(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let svc = service_fn(move |req: hyper::Request<Incoming>| {
+            let app = app.clone();
+            async move { Ok::<_, Infallible>(crate::http::handle(app, req.map(Body::new)).await) }
+        });
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    tracing::info!("shutting down: no new connections; finishing in-flight requests");
+    let _ = app.shutdown.send(true);
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some connections did not finish within 10 s");
+    }
+}
