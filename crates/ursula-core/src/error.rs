@@ -40,7 +40,8 @@ codes! {
 pub struct Rejection {
     pub code: ErrorCode,
     pub message: String,
-    pub facts: Facts,
+    /// Boxed: rejections are the cold path, and this keeps `Result`s small.
+    pub facts: Box<Facts>,
 }
 
 /// Header facts that accompany an error (errors.md §4).
@@ -62,7 +63,7 @@ impl Rejection {
         Rejection {
             code,
             message: message.into(),
-            facts: Facts::default(),
+            facts: Box::default(),
         }
     }
 

@@ -19,6 +19,8 @@ pub struct InvalidJson(pub String);
 
 /// Validates `body` and flattens a top-level array by one level.
 pub fn normalize(body: &[u8]) -> Result<Normalized, InvalidJson> {
+    // `IgnoredAny` skips string contents without checking them, so check UTF-8 first.
+    std::str::from_utf8(body).map_err(|e| InvalidJson(format!("JSON body is not UTF-8: {e}")))?;
     serde_json::from_slice::<IgnoredAny>(body)
         .map_err(|e| InvalidJson(format!("invalid JSON: {e}")))?;
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
@@ -109,6 +111,11 @@ mod tests {
         for bad in ["", "{", "[1,]", "{} {}", "nope"] {
             assert!(normalize(bad.as_bytes()).is_err(), "{bad:?}");
         }
+        assert!(
+            normalize(b"\"\xff\xfe\"").is_err(),
+            "invalid UTF-8 inside a string"
+        );
+        assert!(normalize(b"{\"\xff\":1}").is_err());
     }
 
     #[test]

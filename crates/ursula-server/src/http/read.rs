@@ -158,9 +158,21 @@ pub fn parse_query(q: Option<&str>) -> Result<ReadQuery, ApiError> {
     let mut rq = ReadQuery::default();
     let mut seen_offset = false;
     for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = super::path::pct_decode(&v.replace('+', " "))
-            .ok_or_else(|| bad_query("query is not valid UTF-8"))?;
+        let (k, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        if !matches!(k, "offset" | "live" | "cursor" | "timeout_ms" | "max_bytes") {
+            continue;
+        }
+        let v = match (k, super::path::pct_decode(&raw.replace('+', " "))) {
+            (_, Some(v)) => v,
+            ("offset", None) => {
+                return Err(ApiError::new(
+                    ErrorCode::INVALID_OFFSET,
+                    "offset is not valid UTF-8",
+                ));
+            }
+            ("cursor", None) => String::new(),
+            (_, None) => return Err(bad_query(format!("{k} is not valid UTF-8"))),
+        };
         match k {
             "offset" => {
                 if seen_offset {
