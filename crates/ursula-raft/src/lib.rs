@@ -62,8 +62,11 @@
 //! Payload = `bincode(SnapshotHeader)` (format 1, group, last applied log id, membership,
 //! applied command count, snapshot id) followed by `GroupState::encode()`. Snapshots are built
 //! every `snapshot_logs` entries (openraft `SnapshotPolicy::LogsSinceLast`), or by upkeep when
-//! a group's log grows past max(64 MiB, its last snapshot) or pins the oldest segment; the log is
-//! purged right after (`max_in_snapshot_log_to_keep = 0`).
+//! a group's retained log grows past max(64 MiB, its last snapshot), or when its entries pin the
+//! oldest segment and the WAL is larger than its last snapshot, or when the policy is due but
+//! openraft dropped its trigger (it checks only on commit, and not while a build runs); the log
+//! is purged right after (`max_in_snapshot_log_to_keep = 0`). A snapshot file is only written
+//! while the node's WAL is open, so a reopened node never races a write of a previous instance.
 
 mod codec;
 mod error;

@@ -31,7 +31,7 @@ const MAX_BATCH_BYTES: usize = 8 << 20;
 const MAX_COMMAND_BYTES: usize = ursula_storage::MAX_PAYLOAD_LEN / 4;
 /// Batches of one group submitted to openraft and not yet answered. One is enough: the next
 /// batch gathers everything queued while the current one is being made durable.
-const MAX_INFLIGHT_BATCHES: usize = 2;
+const MAX_INFLIGHT_BATCHES: usize = 1;
 /// Proposals queued per group before `propose` waits (back-pressure).
 const QUEUE_CAPACITY: usize = 16 * 1024;
 /// How often upkeep (segment GC, snapshot triggers) runs, besides right after a purge.
@@ -302,6 +302,7 @@ impl Node {
         }
         let upkeep = Upkeep {
             wal: wal.clone(),
+            snapshot_logs: cfg.snapshot_logs,
             head,
             groups: groups
                 .iter()
@@ -697,6 +698,7 @@ fn deliver(
 /// segments (or a large log) to snapshot and purge.
 struct Upkeep {
     wal: Wal,
+    snapshot_logs: u64,
     head: Arc<AtomicU64>,
     groups: Vec<(Raft, Arc<GroupLog>, Arc<SnapshotStore>)>,
     purged: Arc<Notify>,
@@ -794,9 +796,23 @@ impl Upkeep {
                 }
             }
         }
-        for (i, (_, log, snapshots)) in self.groups.iter().enumerate() {
+        for (i, (raft, log, snapshots)) in self.groups.iter().enumerate() {
             if log.retained_bytes() > SNAPSHOT_MIN_LOG_BYTES.max(snapshots.bytes()) {
                 self.maybe_snapshot(i, last_trigger, "its log is large")
+                    .await;
+                continue;
+            }
+            // openraft checks its snapshot policy only when an entry commits, and drops the
+            // trigger while a snapshot is being built; re-check for groups that went quiet.
+            let due = {
+                let m = raft.metrics();
+                let m = m.borrow();
+                let applied = m.last_applied.map_or(0, |l| l.index + 1);
+                let snapshot = m.snapshot.map_or(0, |l| l.index + 1);
+                applied.saturating_sub(snapshot) >= self.snapshot_logs
+            };
+            if due {
+                self.maybe_snapshot(i, last_trigger, "its snapshot policy is due")
                     .await;
             }
         }

@@ -279,6 +279,15 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
     }
     let settled = node.wal_disk_bytes();
     eprintln!("wrote {written} bytes; wal peaks {peaks:?}, settled at {settled}");
+    if settled > 4 * segment {
+        for g in 0..groups {
+            let m = node.raft(g).metrics().borrow().clone();
+            eprintln!(
+                "group {g}: applied {:?} snapshot {:?} purged {:?} last_log {:?}",
+                m.last_applied, m.snapshot, m.purged, m.last_log_index
+            );
+        }
+    }
     assert!(
         settled <= 4 * segment,
         "wal holds {settled} bytes after writing {written} (peaks {peaks:?})"
@@ -385,7 +394,10 @@ async fn bench_concurrent_proposals() {
     node.shutdown().await;
     let t0 = Instant::now();
     let node = open(config(dir.path(), 16, true)).await;
-    eprintln!("reopen of 16 groups after 130000 proposals: {:?}", t0.elapsed());
+    eprintln!(
+        "reopen of 16 groups after 130000 proposals: {:?}",
+        t0.elapsed()
+    );
     node.shutdown().await;
 }
 
