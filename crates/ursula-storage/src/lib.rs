@@ -37,7 +37,10 @@
 //! a segment has the header's first LSN, and each segment's first LSN is one past the last LSN
 //! of the previous one. A segment is rotated (a new file is created, fsynced, and the directory
 //! fsynced) before an append would grow the active one past `segment_bytes`; one append is
-//! never split across segments. Only whole, sealed segments are deleted
+//! never split across segments. When syncing is on, the active segment is zero-filled to
+//! `segment_bytes` (the next one is prepared in the background as `wal-next.prepared` and
+//! renamed into place), so a write never grows the file and `fdatasync` has no metadata to
+//! flush; a sealed segment is trimmed back to its records. Only whole, sealed segments are deleted
 //! ([`wal::Wal::remove_segments_before`]), oldest first.
 //!
 //! ### Recovery
@@ -46,8 +49,9 @@
 //!
 //! * In the **last** segment, a record that is incomplete, has an impossible length, or fails
 //!   its checksum is a *torn tail* (a write that was never acknowledged) when no valid record
-//!   with a plausible LSN follows it anywhere in the file; trailing zeros are a torn tail too.
-//!   The file is truncated to the end of the last good record and fsynced. A last segment whose
+//!   with a plausible LSN follows it anywhere in the file. The file is truncated to the end of
+//!   the last good record and fsynced. Trailing zeros (in any segment) are the unwritten part of
+//!   a preallocated segment and end the segment's records without truncation. A last segment whose
 //!   header is shorter than 24 bytes or entirely zero was torn while being created; its header
 //!   is rewritten.
 //! * Everything else is [`wal::WalError::Corrupt`] (with file and offset): a bad record that is
