@@ -5,6 +5,7 @@
 
 use crate::error::Rejection;
 use crate::ids::{Incarnation, StreamKey};
+use crate::snapshot::{Digest, Snapshot};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +55,61 @@ pub enum Op {
     },
     /// A command that only advances the log (used to test the write path).
     Noop,
+    // New variants go last: bincode encodes the variant index, and the log holds old ones.
+    /// Publish a snapshot (extensions.md §6.2, §6.5).
+    PublishSnapshot(Box<PublishSnapshotReq>),
+    /// Delete a snapshot: always refused, but checked in order with publishes (§6.8).
+    DeleteSnapshot {
+        key: StreamKey,
+        offset: u64,
+        incarnation: Option<Incarnation>,
+    },
+    /// Advance retention (extensions.md §7).
+    Retain {
+        key: StreamKey,
+        at: At,
+        incarnation: Option<Incarnation>,
+    },
+}
+
+impl Op {
+    /// Bytes of payload the command carries (bodies and snapshot blobs), for batching.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            Op::Append(r) => r.payload.len(),
+            Op::Create(r) => {
+                r.payload.len()
+                    + r.fork
+                        .as_ref()
+                        .and_then(|f| f.pinned.as_ref())
+                        .and_then(|p| p.snapshot.as_ref())
+                        .map_or(0, |s| s.blob.len())
+            }
+            Op::PublishSnapshot(r) => r.blob.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// Where a snapshot or retention boundary lies: a byte offset, or a JSON record ordinal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum At {
+    Offset(u64),
+    Record(u64),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PublishSnapshotReq {
+    pub key: StreamKey,
+    pub incarnation: Option<Incarnation>,
+    pub at: At,
+    /// Normalized snapshot content type.
+    pub content_type: String,
+    /// Digest of `content_type` and `blob`, computed by the node that received the request.
+    pub digest: Digest,
+    /// `Stream-Snapshot-Match`, when sent (trimmed, never empty).
+    pub snapshot_match: Option<String>,
+    pub blob: Bytes,
 }
 
 /// Idempotent-producer headers of a request.
@@ -121,8 +177,14 @@ pub struct PinnedSource {
     pub record_at_point: u64,
     pub retained: u64,
     pub depth: u32,
-    /// Message end offsets of the inherited prefix `[0, point)`.
+    /// Message end offsets of the inherited prefix `[cut_offset, point)`.
     pub ends_prefix: Vec<u64>,
+    /// Message ends the source's retention dropped before `ends_prefix` (record ordinals).
+    pub ends_cut: u64,
+    /// Where record `ends_cut` starts.
+    pub cut_offset: u64,
+    /// The source's visible snapshot when it lies at or below the fork point.
+    pub snapshot: Option<Snapshot>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -162,6 +224,34 @@ pub enum Reply {
     Pinned(Box<PinnedSource>),
     /// A fork target was absent although the request carried no pin: pin, then retry.
     NeedsPin,
+    /// A snapshot publish succeeded (or repeated the visible snapshot).
+    Snapshot(Box<SnapshotReply>),
+    Retained(RetainReply),
+}
+
+/// The facts a `204` of a snapshot publish reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotReply {
+    pub offset: u64,
+    pub digest: Digest,
+    pub incarnation: Incarnation,
+    pub tail: u64,
+    pub json: bool,
+    pub record_first: u64,
+    pub record_next: u64,
+}
+
+/// The facts a `204` of a retention request reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetainReply {
+    /// The retained offset after the request (unchanged for a no-op).
+    pub retained: u64,
+    pub incarnation: Incarnation,
+    pub json: bool,
+    pub record_first: u64,
+    pub record_next: u64,
+    /// Bytes of memory the request released (0 for a no-op).
+    pub freed_bytes: u64,
 }
 
 /// The facts a create answer (201 or 200) reports.

@@ -1,6 +1,7 @@
 //! Error codes of the JSON error body and the rejection a command can produce.
 
 use crate::ids::Incarnation;
+use crate::snapshot::Digest;
 use serde::{Deserialize, Serialize};
 
 macro_rules! codes {
@@ -32,7 +33,7 @@ codes! {
     PRODUCER_SEQ_CONFLICT, SNAPSHOT_CONFLICT, BUCKET_NOT_EMPTY, STREAM_GONE, STREAM_SOFT_DELETED,
     INCARNATION_MISMATCH, RECORD_PRECONDITION_FAILED,
     QUOTA_EXCEEDED, INTERNAL_ERROR, INGRESS_BODY_BYTES_LIMIT_REACHED, LIVE_READ_BACKPRESSURE,
-    LEADER_UNAVAILABLE, SERVICE_SHUTTING_DOWN,
+    LEADER_UNAVAILABLE, SERVICE_SHUTTING_DOWN, COLD_STORE_NOT_CONFIGURED,
 }
 
 /// A refused request: code, message, and the protocol facts that travel as headers.
@@ -55,7 +56,10 @@ pub struct Facts {
     pub received_seq: Option<u64>,
     pub incarnation: Option<Incarnation>,
     pub record_next: Option<u64>,
+    pub record_first: Option<u64>,
     pub json: bool,
+    /// The latest visible snapshot, on `409 SNAPSHOT_CONFLICT`.
+    pub snapshot: Option<(u64, Digest)>,
 }
 
 impl Rejection {

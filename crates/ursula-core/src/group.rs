@@ -106,7 +106,43 @@ impl GroupState {
                 self.outbox.remove(id);
                 Ok(Reply::Done)
             }
+            Op::PublishSnapshot(req) => self
+                .stream_for_update(&req.key, now, req.incarnation)?
+                .publish_snapshot(req),
+            Op::DeleteSnapshot {
+                key,
+                offset,
+                incarnation,
+            } => self
+                .stream_for_update(key, now, *incarnation)?
+                .delete_snapshot(*offset),
+            Op::Retain {
+                key,
+                at,
+                incarnation,
+            } => self.stream_for_update(key, now, *incarnation)?.retain(*at),
         }
+    }
+
+    /// The stream a subresource write addresses: lapsed streams are removed first, then
+    /// `404` when missing, `410` when soft-deleted, `412` when another incarnation.
+    fn stream_for_update(
+        &mut self,
+        key: &StreamKey,
+        now: u64,
+        incarnation: Option<Incarnation>,
+    ) -> Result<&mut StreamState, Rejection> {
+        self.lapse_if_expired(key, now);
+        let s = self.streams.get_mut(key).ok_or_else(not_found)?;
+        if s.soft_deleted {
+            return Err(soft_deleted());
+        }
+        if let Some(i) = incarnation
+            && i != s.incarnation
+        {
+            return Err(incarnation_mismatch(Some(s.incarnation)));
+        }
+        Ok(s)
     }
 
     /// A stream that lapsed is removed, or soft-deleted while it has forks.
@@ -127,7 +163,9 @@ impl GroupState {
         if s.pins.is_empty() {
             self.remove(key);
         } else {
+            // Kept only for its forks' reads; they hold their own copy of the snapshot.
             s.soft_deleted = true;
+            s.snapshot = None;
         }
     }
 
@@ -155,6 +193,9 @@ impl GroupState {
         s.pins.remove(&pin_id);
         if s.soft_deleted && s.pins.is_empty() {
             self.remove(key);
+        } else {
+            // The pin may have been what kept old bytes below the retained offset.
+            s.trim();
         }
     }
 
@@ -218,52 +259,61 @@ impl GroupState {
                 | (u128::from(log_index & 0xffff_ffff_ffff) << 64)
                 | u128::from(now.saturating_mul(1_000_000)),
         );
-        let (content_type, lifetime, inherited, fork, depth, own_start, ends, retained) =
-            match &req.fork {
-                None => (
-                    req.content_type
-                        .clone()
-                        .unwrap_or_else(|| "application/octet-stream".into()),
-                    req.lifetime,
-                    false,
-                    None,
-                    0,
-                    0,
-                    Vec::new(),
-                    0,
-                ),
-                Some(f) => {
-                    let Some(p) = &f.pinned else {
-                        return Ok(Reply::NeedsPin);
-                    };
-                    if now > p.deadline_ms {
-                        return Err(Rejection::new(
-                            ErrorCode::LEADER_UNAVAILABLE,
-                            "the fork source pin expired before the fork was created; retry",
-                        ));
-                    }
-                    let inherited = req.lifetime.is_none();
-                    let link = ForkLink {
-                        source: f.source.clone(),
-                        source_incarnation: p.source_incarnation,
-                        pin_id: p.pin_id,
-                        anchor: p.anchor,
-                        sub: f.sub,
-                        point: p.point,
-                    };
-                    (
-                        p.content_type.clone(),
-                        if inherited { p.lifetime } else { req.lifetime },
-                        inherited,
-                        Some(link),
-                        p.depth,
-                        p.point,
-                        p.ends_prefix.clone(),
-                        p.retained,
-                    )
+        let (content_type, lifetime, inherited, fork, depth, own_start, history) = match &req.fork {
+            None => (
+                req.content_type
+                    .clone()
+                    .unwrap_or_else(|| "application/octet-stream".into()),
+                req.lifetime,
+                false,
+                None,
+                0,
+                0,
+                Inherited::default(),
+            ),
+            Some(f) => {
+                let Some(p) = &f.pinned else {
+                    return Ok(Reply::NeedsPin);
+                };
+                if now > p.deadline_ms {
+                    return Err(Rejection::new(
+                        ErrorCode::LEADER_UNAVAILABLE,
+                        "the fork source pin expired before the fork was created; retry",
+                    ));
                 }
-            };
+                let inherited = req.lifetime.is_none();
+                let link = ForkLink {
+                    source: f.source.clone(),
+                    source_incarnation: p.source_incarnation,
+                    pin_id: p.pin_id,
+                    anchor: p.anchor,
+                    sub: f.sub,
+                    point: p.point,
+                };
+                (
+                    p.content_type.clone(),
+                    if inherited { p.lifetime } else { req.lifetime },
+                    inherited,
+                    Some(link),
+                    p.depth,
+                    p.point,
+                    Inherited::of(p),
+                )
+            }
+        };
         let json = content_type::is_json(&content_type);
+        let Inherited {
+            mut ends,
+            ends_cut,
+            cut_offset,
+            retained,
+            snapshot,
+        } = history;
+        // A non-JSON fork point inside an append ends that unit for the fork (bootstrap
+        // parts never span the fork point).
+        if !json && own_start > ends.last().copied().unwrap_or(cut_offset) {
+            ends.push(own_start);
+        }
         let mut s = StreamState {
             incarnation,
             content_type,
@@ -281,10 +331,14 @@ impl GroupState {
             pins: BTreeMap::new(),
             soft_deleted: false,
             own_start,
+            data_start: own_start,
             data: Vec::new(),
             tail: own_start,
             ends,
+            ends_cut,
+            cut_offset,
             retained,
+            snapshot,
         };
         let record_start = s.record_next();
         s.push(&req.payload);
@@ -546,6 +600,17 @@ impl GroupState {
                 .ok_or_else(overshoot)?;
             (p, 0)
         };
+        let snapshot = match &s.snapshot {
+            Some(v) if v.offset > point && s.retained > 0 => {
+                return Err(s.snapshot_conflict(format!(
+                    "the source's history before its snapshot at {} is trimmed, so a fork at {point} \
+                     could not be rebuilt",
+                    v.offset
+                )));
+            }
+            Some(v) if v.offset <= point => Some(v.clone()),
+            _ => None,
+        };
         if s.depth + 1 > MAX_FORK_DEPTH {
             return Err(Rejection::new(
                 ErrorCode::FORK_DEPTH_EXCEEDED,
@@ -558,6 +623,7 @@ impl GroupState {
                 fork_key: req.fork_key.clone(),
                 point,
                 deadline_ms: req.deadline_ms,
+                floor: s.retained,
             },
         );
         let upto = s.ends.partition_point(|e| *e <= point);
@@ -573,6 +639,9 @@ impl GroupState {
             retained: s.retained,
             depth: s.depth + 1,
             ends_prefix: s.ends[..upto].to_vec(),
+            ends_cut: s.ends_cut,
+            cut_offset: s.cut_offset,
+            snapshot,
         })))
     }
 
@@ -591,6 +660,29 @@ impl GroupState {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         bincode::deserialize(bytes).map_err(|e| e.to_string())
+    }
+}
+
+/// What a fork takes over from its source besides bytes: the message index of the prefix,
+/// the retained offset and the visible snapshot (forks.md §9.1).
+#[derive(Default)]
+struct Inherited {
+    ends: Vec<u64>,
+    ends_cut: u64,
+    cut_offset: u64,
+    retained: u64,
+    snapshot: Option<crate::snapshot::Snapshot>,
+}
+
+impl Inherited {
+    fn of(p: &PinnedSource) -> Self {
+        Inherited {
+            ends: p.ends_prefix.clone(),
+            ends_cut: p.ends_cut,
+            cut_offset: p.cut_offset,
+            retained: p.retained,
+            snapshot: p.snapshot.clone(),
+        }
     }
 }
 

@@ -11,6 +11,8 @@
 //! - [`command`]: the replicated command model and its replies.
 //! - [`producer`]: idempotent producer validation and receipts.
 //! - [`stream`]: one stream's state, boundaries and TTL decisions.
+//! - [`snapshot`]: snapshot digests and the publish/delete checks.
+//! - [`retention`]: the retained offset and physical trimming below it.
 //! - [`group`]: one Raft group's state and `apply`.
 
 pub mod command;
@@ -21,6 +23,8 @@ pub mod ids;
 pub mod json;
 pub mod offset;
 pub mod producer;
+pub mod retention;
+pub mod snapshot;
 pub mod stream;
 
 pub use command::{Command, Op, Reply, Response};

@@ -3,6 +3,7 @@
 use crate::command::Lifetime;
 use crate::ids::{Incarnation, StreamKey};
 use crate::producer::ProducerState;
+use crate::snapshot::Snapshot;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -24,6 +25,10 @@ pub struct Pin {
     pub fork_key: StreamKey,
     pub point: u64,
     pub deadline_ms: u64,
+    /// This stream's retained offset when the pin was taken (the fork's initial retained
+    /// offset). The fork reads `[floor, point)` from here, so those bytes are never trimmed
+    /// while the pin lives, whatever this stream's own retention says (forks.md §10.4).
+    pub floor: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,15 +49,25 @@ pub struct StreamState {
     pub depth: u32,
     pub pins: BTreeMap<u64, Pin>,
     pub soft_deleted: bool,
-    /// First offset held in `data` (the fork point for forks, else 0).
+    /// First offset this stream wrote itself (the fork point for forks, else 0).
     pub own_start: u64,
-    /// This stream's own bytes: offsets `[own_start, tail)`.
+    /// First offset still held in `data` (`>= own_start`); retention moves it forward.
+    pub data_start: u64,
+    /// This stream's own bytes that are still held: offsets `[data_start, tail)`.
     pub data: Vec<u8>,
     pub tail: u64,
-    /// End offsets of every message in `[0, tail)` (JSON: records; others: appends).
+    /// End offsets of the messages in `[cut_offset, tail)` (JSON: records; others: appends),
+    /// after the `ends_cut` messages retention dropped from the front.
     pub ends: Vec<u64>,
+    /// How many message ends retention dropped from the front of `ends`, so that record
+    /// ordinals never change: `ends[i]` is the end of record `ends_cut + i`.
+    pub ends_cut: u64,
+    /// Where record `ends_cut` starts (the end of the last dropped message, else 0).
+    pub cut_offset: u64,
     /// Earliest retained offset.
     pub retained: u64,
+    /// The visible (latest) snapshot.
+    pub snapshot: Option<Snapshot>,
 }
 
 impl StreamState {
@@ -82,7 +97,7 @@ impl StreamState {
 
     /// Record tail `N` (JSON streams).
     pub fn record_next(&self) -> u64 {
-        self.ends.len() as u64
+        self.ends_cut + self.ends.len() as u64
     }
 
     /// First retained record `F`.
@@ -91,19 +106,24 @@ impl StreamState {
     }
 
     /// Ordinal of the record that starts at boundary `offset`, if it is a boundary.
+    /// Offsets below `cut_offset` are no longer known (`None`).
     pub fn record_at(&self, offset: u64) -> Option<u64> {
-        if offset == 0 {
-            return Some(0);
+        if offset == self.cut_offset {
+            return Some(self.ends_cut);
         }
-        self.ends.binary_search(&offset).ok().map(|i| i as u64 + 1)
+        self.ends
+            .binary_search(&offset)
+            .ok()
+            .map(|i| self.ends_cut + i as u64 + 1)
     }
 
-    /// Offset where record `r` starts (`tail` for `N`).
+    /// Offset where record `r` starts (`tail` for `N`); `None` beyond `N` or below the cut.
     pub fn offset_of_record(&self, r: u64) -> Option<u64> {
-        if r == 0 {
-            return Some(0);
+        if r == self.ends_cut {
+            return Some(self.cut_offset);
         }
-        self.ends.get(usize::try_from(r - 1).ok()?).copied()
+        let i = r.checked_sub(self.ends_cut + 1)?;
+        self.ends.get(usize::try_from(i).ok()?).copied()
     }
 
     /// Whether `offset` is a message boundary.
@@ -124,11 +144,23 @@ impl StreamState {
         }
     }
 
-    /// Own bytes of `[start, end)`; the caller guarantees `own_start <= start <= end <= tail`.
+    /// Own bytes of `[start, end)`; the caller guarantees `data_start <= start <= end <= tail`
+    /// (see [`StreamState::holds`]). Anything else yields an empty slice.
     pub fn own_bytes(&self, start: u64, end: u64) -> &[u8] {
-        let lo = usize::try_from(start - self.own_start).unwrap_or(usize::MAX);
-        let hi = usize::try_from(end - self.own_start).unwrap_or(usize::MAX);
+        let (Some(lo), Some(hi)) = (
+            start.checked_sub(self.data_start),
+            end.checked_sub(self.data_start),
+        ) else {
+            return &[];
+        };
+        let lo = usize::try_from(lo).unwrap_or(usize::MAX);
+        let hi = usize::try_from(hi).unwrap_or(usize::MAX);
         self.data.get(lo..hi).unwrap_or(&[])
+    }
+
+    /// Whether this stream still holds its own bytes `[start, end)`.
+    pub fn holds(&self, start: u64, end: u64) -> bool {
+        self.data_start <= start && start <= end && end <= self.tail
     }
 
     /// Appends canonical bytes and records message ends.
@@ -173,10 +205,14 @@ mod tests {
             pins: BTreeMap::new(),
             soft_deleted: false,
             own_start: 0,
+            data_start: 0,
             data: Vec::new(),
             tail: 0,
             ends: Vec::new(),
+            ends_cut: 0,
+            cut_offset: 0,
             retained: 0,
+            snapshot: None,
         };
         for l in lines {
             s.push(format!("{l}\n").as_bytes());

@@ -85,6 +85,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | LIVE_READ_BACKPRESSURE
         | LEADER_UNAVAILABLE
         | SERVICE_SHUTTING_DOWN => StatusCode::SERVICE_UNAVAILABLE,
+        COLD_STORE_NOT_CONFIGURED => StatusCode::NOT_IMPLEMENTED,
     }
 }
 
@@ -136,8 +137,15 @@ fn put_facts(hm: &mut http::HeaderMap, f: &Facts) {
     if let Some(i) = f.incarnation {
         h::put(hm, h::STREAM_INCARNATION, &i.to_string());
     }
+    if let Some(n) = f.record_first {
+        h::put(hm, h::STREAM_RECORD_FIRST, &n.to_string());
+    }
     if let Some(n) = f.record_next {
         h::put(hm, h::STREAM_RECORD_NEXT, &n.to_string());
+    }
+    if let Some((offset, digest)) = f.snapshot {
+        h::put(hm, h::STREAM_SNAPSHOT_OFFSET, &Off(offset).to_string());
+        h::put(hm, h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
     }
     if f.json {
         h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);

@@ -33,6 +33,11 @@ pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
 pub const STREAM_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
 pub const STREAM_DATA_CONTENT_TYPE: &str = "stream-data-content-type";
 pub const MAX_REQUEST_BYTES_HDR: &str = "ursula-max-request-bytes";
+pub const MAX_SNAPSHOT_REQUEST_BYTES_HDR: &str = "ursula-max-snapshot-request-bytes";
+pub const STREAM_SNAPSHOT_OFFSET: &str = "stream-snapshot-offset";
+pub const STREAM_SNAPSHOT_DIGEST: &str = "stream-snapshot-digest";
+pub const STREAM_SNAPSHOT_MATCH: &str = "stream-snapshot-match";
+pub const STREAM_SNAPSHOT_PARTS: &str = "stream-snapshot-parts";
 pub const JSON_RECORDS_EXT: &str = "json-record-coordinates-v1";
 
 /// Largest producer epoch/sequence: 2^53 - 1.

@@ -1,0 +1,120 @@
+//! Retention (extensions.md §7): the monotonic, exact retained offset, and the physical
+//! trimming of a stream's bytes and message index below it.
+//!
+//! Logical retention (what readers of this stream see) and physical trimming differ in one
+//! way: bytes a fork still inherits stay, because each fork's pin records the `floor` it
+//! reads from (forks.md §10.4). Record ordinals never change: dropped message ends are
+//! counted in `ends_cut`.
+
+use crate::command::{At, Reply, Response, RetainReply};
+use crate::error::{ErrorCode, Rejection};
+use crate::snapshot::{not_json, put_records};
+use crate::stream::StreamState;
+
+impl StreamState {
+    /// Advances retention to `at` after the checks of extensions.md §7 rules 3-7, in order.
+    /// The caller has checked existence and the incarnation (rule 2).
+    pub(crate) fn retain(&mut self, at: At) -> Response {
+        let boundary = match at {
+            At::Offset(o) => o,
+            At::Record(n) => {
+                if !self.json {
+                    return Err(not_json());
+                }
+                let (first, next) = (self.record_first(), self.record_next());
+                if n > next {
+                    let records = Some((first, next));
+                    return Err(Rejection::new(
+                        ErrorCode::INVALID_RECORD_BOUNDARIES,
+                        format!("record {n} is beyond the record tail {next}"),
+                    )
+                    .with(|f| put_records(f, records)));
+                }
+                if n <= first {
+                    return Ok(self.retain_reply(0));
+                }
+                self.offset_of_record(n).ok_or_else(|| {
+                    Rejection::new(ErrorCode::INTERNAL_ERROR, "record index is inconsistent")
+                })?
+            }
+        };
+        if boundary <= self.retained {
+            return Ok(self.retain_reply(0));
+        }
+        match &self.snapshot {
+            None => {
+                return Err(Rejection::new(
+                    ErrorCode::INVALID_RETENTION,
+                    "retention needs a visible snapshot at or after the boundary; publish one first",
+                ));
+            }
+            Some(v) if boundary > v.offset => {
+                return Err(Rejection::new(
+                    ErrorCode::INVALID_RETENTION,
+                    format!(
+                        "retention boundary {boundary} is beyond the visible snapshot offset {}",
+                        v.offset
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.json && !self.is_boundary(boundary) {
+            return Err(Rejection::new(
+                ErrorCode::INVALID_RETENTION,
+                format!(
+                    "retention boundary {boundary} is not a message boundary of the JSON stream"
+                ),
+            ));
+        }
+        self.retained = boundary;
+        let freed = self.trim();
+        Ok(self.retain_reply(freed))
+    }
+
+    fn retain_reply(&self, freed_bytes: u64) -> Reply {
+        Reply::Retained(RetainReply {
+            retained: self.retained,
+            incarnation: self.incarnation,
+            json: self.json,
+            record_first: self.record_first(),
+            record_next: self.record_next(),
+            freed_bytes,
+        })
+    }
+
+    /// The lowest offset this stream must keep of its own bytes: its retained offset, or
+    /// lower where a fork's pin still reads from.
+    pub fn keep_from(&self) -> u64 {
+        self.pins
+            .values()
+            .map(|p| p.floor)
+            .fold(self.retained, u64::min)
+    }
+
+    /// Drops own bytes below [`StreamState::keep_from`] and message ends at or below the
+    /// retained offset. Returns how many bytes were freed. Idempotent.
+    pub(crate) fn trim(&mut self) -> u64 {
+        let keep = self.keep_from().clamp(self.data_start, self.tail);
+        let drop = usize::try_from(keep - self.data_start).unwrap_or(self.data.len());
+        let mut freed = 0;
+        if drop > 0 {
+            let drop = drop.min(self.data.len());
+            self.data.drain(..drop);
+            self.data.shrink_to_fit();
+            self.data_start += drop as u64;
+            freed = drop as u64;
+        }
+        // Message ends are not needed below the retained offset: reads, snapshots, forks and
+        // retention there all answer 410 (forks copy the ends they inherit when pinned).
+        let cut = self.ends.partition_point(|e| *e <= self.retained);
+        if cut > 0 {
+            self.cut_offset = self.ends[cut - 1];
+            self.ends_cut += cut as u64;
+            self.ends.drain(..cut);
+            self.ends.shrink_to_fit();
+            freed += 8 * cut as u64;
+        }
+        freed
+    }
+}
