@@ -1,6 +1,7 @@
 //! The HTTP API: one entry point that answers CORS, routes, and adds the common headers.
 
 pub mod body;
+pub mod bootstrap;
 pub mod bucket;
 pub mod error;
 pub mod headers;
@@ -8,6 +9,8 @@ pub mod ops;
 pub mod path;
 pub mod read;
 pub mod render;
+pub mod retention;
+pub mod snapshot;
 pub mod sse;
 pub mod write;
 
@@ -116,7 +119,7 @@ fn options(app: &App, req: &Request<Body>, origin: Option<&HeaderValue>) -> Resp
     resp
 }
 
-fn method_not_allowed(allow: &'static str) -> ApiError {
+pub fn method_not_allowed(allow: &'static str) -> ApiError {
     let mut e = ApiError::new(
         ErrorCode::METHOD_NOT_ALLOWED,
         "method not allowed on this route",
@@ -153,15 +156,17 @@ async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
             Method::HEAD => read::head(app, &target, req.headers()),
             _ => Err(method_not_allowed(ALLOW_STREAM)),
         },
-        Route::Stream(
-            _,
-            Some(
-                Sub::Snapshot(_)
-                | Sub::Retention(_)
-                | Sub::Bootstrap
-                | Sub::Attrs
-                | Sub::AppendBatch,
-            ),
-        ) => Err(not_found()),
+        Route::Stream(target, Some(Sub::Snapshot(rest))) => {
+            snapshot::handle(app, &target, &rest, req).await
+        }
+        Route::Stream(target, Some(Sub::Retention(rest))) => {
+            retention::handle(app, &target, &rest, req).await
+        }
+        Route::Stream(target, Some(Sub::Bootstrap)) => match method {
+            Method::GET => bootstrap::get(app, &target, req.uri().query(), true).await,
+            Method::HEAD => bootstrap::get(app, &target, req.uri().query(), false).await,
+            _ => Err(method_not_allowed("GET, HEAD, OPTIONS")),
+        },
+        Route::Stream(_, Some(Sub::Attrs | Sub::AppendBatch)) => Err(not_found()),
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use ursula_core::command::{Lifetime, Op};
 use ursula_core::ids::Incarnation;
 use ursula_core::offset::{self, Off, ReadStart};
+use ursula_core::snapshot::{Digest, MAX_SNAPSHOT_REQUEST_BYTES};
 use ursula_core::stream::StreamState;
 use ursula_core::{ErrorCode, StreamKey, json};
 
@@ -28,6 +29,8 @@ pub struct View {
     pub record_first: u64,
     pub record_next: u64,
     pub touch_due: bool,
+    /// `(offset, digest)` of the visible snapshot.
+    pub snapshot: Option<(u64, Digest)>,
 }
 
 impl View {
@@ -43,6 +46,7 @@ impl View {
             record_first: s.record_first(),
             record_next: s.record_next(),
             touch_due: s.read_should_touch(now),
+            snapshot: s.snapshot_key(),
         }
     }
 }
@@ -121,10 +125,12 @@ pub fn collect(
     }
     out.reserve((end - start) as usize);
     for (k, a, b) in pieces.into_iter().rev() {
+        // Retention may have trimmed the bytes since the caller looked (never below a pin).
         let ok = app.with_stream(&k, |s| {
-            out.extend_from_slice(s.own_bytes(a, b));
+            s.holds(a, b)
+                .then(|| out.extend_from_slice(s.own_bytes(a, b)))
         });
-        if ok.is_none() {
+        if ok.flatten().is_none() {
             return Err(ApiError::new(
                 ErrorCode::STREAM_GONE,
                 "inherited history is no longer available",
@@ -568,10 +574,19 @@ pub fn head(app: &Arc<App>, target: &Target, hm: &HeaderMap) -> ApiResult {
         h::put(out, h::STREAM_RECORD_FIRST, &v.record_first.to_string());
         h::put(out, h::STREAM_RECORD_NEXT, &v.record_next.to_string());
     }
+    if let Some((offset, digest)) = v.snapshot {
+        h::put(out, h::STREAM_SNAPSHOT_OFFSET, &Off(offset).to_string());
+        h::put(out, h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
+    }
     h::put(
         out,
         h::MAX_REQUEST_BYTES_HDR,
         &app.cfg.max_request_bytes.to_string(),
+    );
+    h::put(
+        out,
+        h::MAX_SNAPSHOT_REQUEST_BYTES_HDR,
+        &MAX_SNAPSHOT_REQUEST_BYTES.to_string(),
     );
     Ok(r)
 }
