@@ -567,14 +567,13 @@ fn retention_rules_and_reads_after_it() {
 }
 
 #[test]
-fn publish_before_the_retained_offset_is_gone() {
+fn fork_of_a_trimmed_source_starts_from_its_snapshot() {
     let s = Server::start();
     let p = "/snap/gone";
     assert_status(&s.put(p, "text/plain", b"0123456789"), 201);
     assert_status(&publish(&s, p, 6, OCTETS, b"six"), 204);
     assert_status(&retain(&s, p, 6), 204);
-    // A snapshot can only be replaced by a newer one, which is never below retention; the
-    // stale check comes first, so the 410 is seen through a fork that inherits R but not S.
+    // Below retention an offset publish is stale first: the visible snapshot is newer.
     assert_error(
         &publish(&s, p, 4, OCTETS, b"four"),
         409,
@@ -595,6 +594,11 @@ fn publish_before_the_retained_offset_is_gone() {
     let r = s.req("PUT", &format!("{f}/snapshot/9"), &[], b"nine");
     assert_status(&r, 204);
     assert_error(&publish(&s, f, 5, OCTETS, b"x"), 409, "SNAPSHOT_CONFLICT");
+    // The fork's bootstrap reads the inherited tail of the source's append.
+    let parts = parse_multipart(&s.get(&format!("{f}/bootstrap")));
+    let bodies: Vec<&[u8]> = parts.iter().map(|p| p.body.as_slice()).collect();
+    assert_eq!(bodies, vec![&b"nine"[..], b"9"]);
+    assert_eq!(parts[1].content_type, "text/plain");
 }
 
 // ---- bootstrap ----------------------------------------------------------------------------
