@@ -9,9 +9,18 @@ use crate::app::App;
 use axum::body::Body;
 use http::{Method, Request, StatusCode};
 use std::sync::Arc;
+use std::time::Duration;
 use ursula_core::ErrorCode;
 use ursula_core::command::{At, Op, Reply};
 use ursula_core::offset::Off;
+
+/// A retention that freed at least this much asks for a Raft snapshot of its group at once,
+/// so the log (and then the WAL on disk) sheds the trimmed appends without waiting for the
+/// regular snapshot policy.
+const COMPACT_AFTER_FREED_BYTES: u64 = 1 << 20;
+/// How long, and how often, to ask until a snapshot covers the retention.
+const COMPACT_DEADLINE: Duration = Duration::from_secs(60);
+const COMPACT_RETRY: Duration = Duration::from_millis(500);
 
 pub async fn handle(
     app: &Arc<App>,
@@ -35,16 +44,44 @@ pub async fn handle(
         at,
         incarnation,
     };
-    let Reply::Retained(r) = app.propose(app.group_of(&target.key), op).await? else {
+    let group = app.group_of(&target.key);
+    let Reply::Retained(r) = app.propose(group, op).await? else {
         return Err(ApiError::new(
             ErrorCode::INTERNAL_ERROR,
             "unexpected reply to a retention request",
         ));
     };
+    if r.freed_bytes >= COMPACT_AFTER_FREED_BYTES {
+        compact_soon(app, group);
+    }
     let mut resp = render::empty(StatusCode::NO_CONTENT);
     let hm = resp.headers_mut();
     h::put(hm, h::STREAM_RETAINED_OFFSET, &Off(r.retained).to_string());
     h::put(hm, h::STREAM_INCARNATION, &r.incarnation.to_string());
     put_records(hm, r.json, r.record_first, r.record_next);
     Ok(resp)
+}
+
+/// Asks, in the background, for a Raft snapshot of `group` that covers everything applied
+/// so far. openraft drops a trigger while it builds another snapshot (which may predate the
+/// retention), so the task asks again until a snapshot covers it. After the snapshot,
+/// openraft purges the log behind it and WAL upkeep deletes the segments nothing pins.
+/// (`Node::trigger_snapshot`, once ursula-raft offers it, should replace the raw trigger.)
+fn compact_soon(app: &Arc<App>, group: u32) {
+    let raft = app.node.raft(group).clone();
+    let target = raft.metrics().borrow().last_applied.map(|l| l.index);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + COMPACT_DEADLINE;
+        loop {
+            let covered = raft.metrics().borrow().snapshot.map(|l| l.index) >= target;
+            if covered || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            if let Err(e) = raft.trigger().snapshot().await {
+                tracing::warn!(group, error = %e, "could not trigger a snapshot after retention");
+                break;
+            }
+            tokio::time::sleep(COMPACT_RETRY).await;
+        }
+    });
 }
