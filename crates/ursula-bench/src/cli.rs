@@ -1,0 +1,528 @@
+//! Command line: global target options plus one subcommand per scenario.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::target::{Layout, Target};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ursula-bench",
+    version,
+    about = "Load generator for Durable Streams servers (Ursula, the Node reference, the floor).",
+    after_help = "Each scenario prints one JSON line on stdout and a human table on stderr."
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    /// Tokio worker threads for the load generator (default: CPUs this
+    /// process may run on; 1 means a single-threaded runtime).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+
+    /// Print only the JSON line(s), no human table.
+    #[arg(long, global = true)]
+    pub quiet: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TargetArgs {
+    /// Base URL of the server under test.
+    #[arg(
+        long,
+        global = true,
+        default_value = "http://127.0.0.1:4437",
+        env = "URSULA_BENCH_URL"
+    )]
+    pub url: String,
+
+    /// URL layout: native `{base}/{bucket}/{stream}` or compat `{base}/v1/stream/{name}`.
+    #[arg(long, global = true, value_enum, default_value_t = Layout::Native)]
+    pub layout: Layout,
+
+    /// Bucket for the native layout.
+    #[arg(long, global = true, default_value = "bench")]
+    pub bucket: String,
+}
+
+impl TargetArgs {
+    pub fn target(&self) -> Result<Target> {
+        Target::parse(&self.url, self.layout, &self.bucket)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Appends to N streams over C keep-alive connections.
+    Append(AppendArgs),
+    /// Catch-up reads of pre-filled streams.
+    Read(ReadArgs),
+    /// M SSE subscribers on one text/plain stream, one writer at R appends/s.
+    Fanout(FanoutArgs),
+    /// Long-poll readers woken by a writer at R appends/s.
+    Longpoll(LongpollArgs),
+    /// Create K streams with one small append each; report server RSS per stream.
+    Idle(IdleArgs),
+    /// Every scenario for about a second with tiny sizes; non-zero exit if the
+    /// generator failed (not on speed).
+    Smoke(SmokeArgs),
+    /// Trivial HTTP server: reads each request body and answers 204.
+    Floor(FloorArgs),
+    /// Start servers, alternate them for several rounds, print medians and ratios.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AppendArgs {
+    #[arg(long, default_value_t = 100)]
+    pub streams: usize,
+    #[arg(long, short = 'c', default_value_t = 32)]
+    pub connections: usize,
+    /// Bytes per append (accepts 128, 4KiB, 1MiB, ...).
+    #[arg(long, default_value = "128", value_parser = parse_size)]
+    pub body_size: usize,
+    /// Measured time (accepts 10s, 500ms, 2m, or seconds).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Unmeasured time before the measurement starts.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Append through idempotent producers (Producer-Id/-Epoch/-Seq).
+    #[arg(long)]
+    pub producer: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReadArgs {
+    #[arg(long, default_value_t = 10)]
+    pub streams: usize,
+    /// Bytes pre-filled into each stream.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    pub stream_bytes: usize,
+    /// Bytes per append while pre-filling.
+    #[arg(long, default_value = "16KiB", value_parser = parse_size)]
+    pub chunk_size: usize,
+    #[arg(long, short = 'c', default_value_t = 8)]
+    pub connections: usize,
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FanoutArgs {
+    #[arg(long, default_value_t = 100)]
+    pub subscribers: usize,
+    /// Appends per second by the single writer.
+    #[arg(long, default_value_t = 50.0)]
+    pub rate: f64,
+    #[arg(long, default_value = "64", value_parser = parse_size)]
+    pub body_size: usize,
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// How long to wait for late deliveries after the writer stops.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LongpollArgs {
+    #[arg(long, default_value_t = 100)]
+    pub readers: usize,
+    /// Streams the readers are spread over (reader i waits on stream i % streams).
+    #[arg(long, default_value_t = 10)]
+    pub streams: usize,
+    /// Appends per second in total, round-robin over the streams.
+    #[arg(long, default_value_t = 50.0)]
+    pub rate: f64,
+    /// `timeout_ms` query parameter of each long-poll.
+    #[arg(long, default_value_t = 5000)]
+    pub timeout_ms: u64,
+    #[arg(long, default_value = "64", value_parser = parse_size)]
+    pub body_size: usize,
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct IdleArgs {
+    #[arg(long, default_value_t = 100_000)]
+    pub streams: usize,
+    #[arg(long, short = 'c', default_value_t = 32)]
+    pub connections: usize,
+    #[arg(long, default_value = "16", value_parser = parse_size)]
+    pub body_size: usize,
+    /// Server process whose VmRSS is read from /proc (omit: no memory figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Pause after creating before reading RSS the second time.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub settle: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SmokeArgs {
+    /// Also fail on non-2xx answers, lost deliveries or scenarios without
+    /// progress (for a real Durable Streams server, not the floor).
+    #[arg(long)]
+    pub strict: bool,
+    /// Server pid for the idle scenario's memory figures.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Time per scenario.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Start this server on a free loopback port (fresh temp dir), run the
+    /// smoke against it, stop it; --url is then ignored.
+    #[arg(long, value_enum)]
+    pub spawn: Option<ServerKind>,
+    #[command(flatten)]
+    pub paths: ServerPaths,
+}
+
+/// Where the servers that compare (and smoke --spawn) start come from.
+#[derive(Debug, Clone, Args)]
+pub struct ServerPaths {
+    /// The ursula binary.
+    #[arg(long, default_value = "target/release/ursula")]
+    pub ursula_bin: PathBuf,
+    /// Directory holding package.json, node_modules and reference-server.mjs
+    /// (default: the workspace's bench/).
+    #[arg(long)]
+    pub bench_dir: Option<PathBuf>,
+    /// Node.js executable for the reference server.
+    #[arg(long, default_value = "node")]
+    pub node: String,
+    /// How long a server may take to answer HTTP after start.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub ready_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct FloorArgs {
+    #[arg(long, default_value = "127.0.0.1:4440")]
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum ServerKind {
+    /// target/release/ursula on its durable default.
+    Ursula,
+    /// ursula with --memory (skipped when the binary has no such flag).
+    UrsulaMemory,
+    /// @durable-streams/server with the file-backed store.
+    RefFile,
+    /// @durable-streams/server with the in-memory store.
+    RefMemory,
+    /// The built-in floor server.
+    Floor,
+}
+
+impl ServerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerKind::Ursula => "ursula",
+            ServerKind::UrsulaMemory => "ursula-memory",
+            ServerKind::RefFile => "ref-file",
+            ServerKind::RefMemory => "ref-memory",
+            ServerKind::Floor => "floor",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Preset {
+    /// append, 100 streams, 32 connections, 128 B
+    #[value(name = "append-100x32")]
+    Append100x32,
+    /// append, 1 stream, 16 connections, 128 B
+    #[value(name = "append-1x16")]
+    Append1x16,
+    /// append --producer, 100 streams, 32 connections, 128 B
+    #[value(name = "append-producer")]
+    AppendProducer,
+    /// read, 10 streams x 1 MiB, 8 connections
+    #[value(name = "read-10x1MiB")]
+    Read10x1MiB,
+    /// fanout, 100 subscribers, 50 appends/s
+    #[value(name = "fanout-100@50")]
+    Fanout100At50,
+    /// longpoll, 100 readers on 10 streams, 50 appends/s
+    #[value(name = "longpoll-100@50")]
+    Longpoll100At50,
+    /// idle streams (count from --idle-streams)
+    #[value(name = "idle")]
+    Idle,
+}
+
+impl Preset {
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Append100x32 => "append-100x32",
+            Preset::Append1x16 => "append-1x16",
+            Preset::AppendProducer => "append-producer",
+            Preset::Read10x1MiB => "read-10x1MiB",
+            Preset::Fanout100At50 => "fanout-100@50",
+            Preset::Longpoll100At50 => "longpoll-100@50",
+            Preset::Idle => "idle",
+        }
+    }
+
+    /// The floor only answers 204, so only append presets mean anything there.
+    pub fn runs_on_floor(self) -> bool {
+        matches!(
+            self,
+            Preset::Append100x32 | Preset::Append1x16 | Preset::AppendProducer
+        )
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompareArgs {
+    /// Rounds; each round runs every server once per scenario (A B A B ...).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ursula,ursula-memory,ref-file,ref-memory,floor"
+    )]
+    pub servers: Vec<ServerKind>,
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "append-100x32,append-1x16,append-producer,read-10x1MiB,fanout-100@50,longpoll-100@50,idle"
+    )]
+    pub scenarios: Vec<Preset>,
+    /// Measured time of each throughput/latency run.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Streams created by the idle scenario.
+    #[arg(long, default_value_t = 100_000)]
+    pub idle_streams: usize,
+    /// Do not pin server and load generator to different cores.
+    #[arg(long)]
+    pub no_pin: bool,
+    #[command(flatten)]
+    pub paths: ServerPaths,
+}
+
+/// "10s", "250ms", "2m", "1.5" (seconds).
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = match num.trim().parse() {
+        Ok(v) => v,
+        Err(_) => bail!("invalid duration {s:?} (try 10s, 500ms, 2m)"),
+    };
+    if !v.is_finite() || v < 0.0 {
+        bail!("invalid duration {s:?}");
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+/// "128", "4KiB", "4k", "1MiB", "1M" (binary multiples).
+pub fn parse_size(s: &str) -> Result<usize> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mult) = [
+        ("kib", 1usize << 10),
+        ("mib", 1 << 20),
+        ("gib", 1 << 30),
+        ("kb", 1 << 10),
+        ("mb", 1 << 20),
+        ("k", 1 << 10),
+        ("m", 1 << 20),
+        ("b", 1),
+    ]
+    .iter()
+    .find_map(|(suf, m)| lower.strip_suffix(suf).map(|n| (n.trim().to_owned(), *m)))
+    .unwrap_or((lower.clone(), 1));
+    let v: usize = match num.parse() {
+        Ok(v) => v,
+        Err(_) => bail!("invalid size {s:?} (try 128, 4KiB, 1MiB)"),
+    };
+    match v.checked_mul(mult) {
+        Some(x) => Ok(x),
+        None => bail!("size {s:?} too large"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut v = vec!["ursula-bench"];
+        v.extend_from_slice(args);
+        match Cli::try_parse_from(v) {
+            Ok(c) => c,
+            Err(e) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").ok(), Some(Duration::from_secs(10)));
+        assert_eq!(
+            parse_duration("250ms").ok(),
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse_duration("1.5").ok(),
+            Some(Duration::from_millis(1500))
+        );
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("128").ok(), Some(128));
+        assert_eq!(parse_size("4KiB").ok(), Some(4096));
+        assert_eq!(parse_size("4k").ok(), Some(4096));
+        assert_eq!(parse_size("1MiB").ok(), Some(1 << 20));
+        assert_eq!(parse_size("2 MB").ok(), Some(2 << 20));
+        assert_eq!(parse_size("10b").ok(), Some(10));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("1.5k").is_err());
+    }
+
+    #[test]
+    fn append_defaults_and_flags() {
+        let c = parse(&["append"]);
+        let Command::Append(a) = c.command else {
+            panic!("not append")
+        };
+        assert_eq!((a.streams, a.connections, a.body_size), (100, 32, 128));
+        assert_eq!(a.duration, Duration::from_secs(10));
+        assert!(!a.producer);
+        assert_eq!(c.target.url, "http://127.0.0.1:4437");
+        assert_eq!(c.target.layout, Layout::Native);
+
+        let c = parse(&[
+            "append",
+            "--producer",
+            "--streams",
+            "1",
+            "-c",
+            "16",
+            "--body-size",
+            "1KiB",
+            "--duration",
+            "500ms",
+            "--url",
+            "http://127.0.0.1:9000",
+            "--layout",
+            "compat",
+        ]);
+        let Command::Append(a) = c.command else {
+            panic!("not append")
+        };
+        assert!(a.producer);
+        assert_eq!((a.streams, a.connections, a.body_size), (1, 16, 1024));
+        assert_eq!(a.duration, Duration::from_millis(500));
+        assert_eq!(c.target.layout, Layout::Compat);
+        assert_eq!(c.target.url, "http://127.0.0.1:9000");
+    }
+
+    #[test]
+    fn global_options_before_subcommand() {
+        let c = parse(&[
+            "--url",
+            "http://127.0.0.1:1/x",
+            "--bucket",
+            "b2",
+            "--quiet",
+            "read",
+        ]);
+        assert!(c.quiet);
+        assert_eq!(c.target.bucket, "b2");
+        let t = c.target.target();
+        assert_eq!(
+            t.map(|t| t.stream_path("s")).ok().as_deref(),
+            Some("/x/b2/s")
+        );
+        assert!(matches!(c.command, Command::Read(ref r) if r.stream_bytes == 1 << 20));
+    }
+
+    #[test]
+    fn idle_fanout_longpoll_floor() {
+        let c = parse(&["idle", "--streams", "1000", "--server-pid", "42"]);
+        assert!(
+            matches!(c.command, Command::Idle(ref i) if i.streams == 1000 && i.server_pid == Some(42))
+        );
+        let c = parse(&["fanout", "--subscribers", "3", "--rate", "20"]);
+        assert!(
+            matches!(c.command, Command::Fanout(ref f) if f.subscribers == 3 && f.rate == 20.0)
+        );
+        let c = parse(&["longpoll", "--timeout-ms", "500"]);
+        assert!(
+            matches!(c.command, Command::Longpoll(ref l) if l.timeout_ms == 500 && l.readers == 100)
+        );
+        let c = parse(&[
+            "smoke",
+            "--strict",
+            "--spawn",
+            "ref-memory",
+            "--node",
+            "/usr/bin/node",
+        ]);
+        assert!(matches!(c.command, Command::Smoke(ref s)
+            if s.strict && s.spawn == Some(ServerKind::RefMemory) && s.paths.node == "/usr/bin/node"));
+        let c = parse(&["floor", "--listen", "127.0.0.1:5555"]);
+        assert!(matches!(c.command, Command::Floor(ref f) if f.listen.port() == 5555));
+        assert!(Cli::try_parse_from(["ursula-bench", "floor", "--listen", "nope"]).is_err());
+        assert!(Cli::try_parse_from(["ursula-bench", "append", "--layout", "weird"]).is_err());
+    }
+
+    #[test]
+    fn compare_lists() {
+        let c = parse(&["compare"]);
+        let Command::Compare(a) = c.command else {
+            panic!("not compare")
+        };
+        assert_eq!(a.rounds, 3);
+        assert_eq!(a.servers.len(), 5);
+        assert_eq!(a.scenarios.len(), 7);
+        let c = parse(&[
+            "compare",
+            "--servers",
+            "floor,ref-memory",
+            "--scenarios",
+            "append-1x16,fanout-100@50",
+        ]);
+        let Command::Compare(a) = c.command else {
+            panic!("not compare")
+        };
+        assert_eq!(a.servers, vec![ServerKind::Floor, ServerKind::RefMemory]);
+        assert_eq!(a.scenarios, vec![Preset::Append1x16, Preset::Fanout100At50]);
+        for p in a.scenarios {
+            assert_eq!(Preset::from_str(p.name(), false).ok(), Some(p));
+        }
+    }
+}

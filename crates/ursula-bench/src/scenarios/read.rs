@@ -1,0 +1,275 @@
+//! `read`: catch-up reads of pre-filled streams.
+//!
+//! Each stream is filled with `stream_bytes` in `chunk_size` appends, then
+//! C connections read whole streams from offset -1, following
+//! `Stream-Next-Offset` until `Stream-Up-To-Date: true`. A "read" is one
+//! GET; a "stream read" is one stream read to its tail.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde::Serialize;
+
+use super::{Window, check_positive, create_streams, run_id, stream_names};
+use crate::cli::ReadArgs;
+use crate::client::{
+    Conn, Endpoint, OCTET_STREAM, STREAM_NEXT_OFFSET, error_kind, header_str, up_to_date,
+};
+use crate::report::{Header, fmt_latency, fmt_num, kv_table};
+use crate::stats::{Errors, Histogram, Latency};
+use crate::target::valid_offset;
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Safety net against a server that never says up-to-date.
+const MAX_PAGES: usize = 100_000;
+
+#[derive(Debug, Serialize)]
+pub struct ReadReport {
+    #[serde(flatten)]
+    pub header: Header,
+    pub streams: usize,
+    pub stream_bytes: usize,
+    pub chunk_size: usize,
+    pub connections: usize,
+    pub duration_s: f64,
+    pub reads: u64,
+    pub reads_per_s: f64,
+    pub stream_reads: u64,
+    pub stream_reads_per_s: f64,
+    pub bytes: u64,
+    pub mb_per_s: f64,
+    pub latency: Latency,
+    pub errors: Errors,
+}
+
+impl ReadReport {
+    pub fn table(&self) -> String {
+        kv_table(
+            "read",
+            &[
+                ("target", self.header.target.clone()),
+                (
+                    "shape",
+                    format!(
+                        "{} streams x {} B, {} conns",
+                        self.streams, self.stream_bytes, self.connections
+                    ),
+                ),
+                ("MB/s", fmt_num(self.mb_per_s)),
+                ("reads/s", fmt_num(self.reads_per_s)),
+                ("stream reads/s", fmt_num(self.stream_reads_per_s)),
+                ("latency (per GET)", fmt_latency(&self.latency)),
+                ("errors", self.errors.summary()),
+            ],
+        )
+    }
+
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.bytes == 0 {
+            p.push("read: no bytes read".to_owned());
+        }
+        if !self.errors.is_empty() {
+            p.push(format!("read: errors {}", self.errors.summary()));
+        }
+        p
+    }
+}
+
+#[derive(Default)]
+struct TaskResult {
+    hist: Histogram,
+    reads: u64,
+    stream_reads: u64,
+    bytes: u64,
+    errors: Errors,
+}
+
+pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
+    check_positive("streams", args.streams)?;
+    check_positive("connections", args.connections)?;
+    check_positive("chunk size", args.chunk_size)?;
+    let run = run_id();
+    let names = stream_names("read", &run, args.streams);
+    let uris = names
+        .iter()
+        .map(|n| ep.target.stream_uri(n))
+        .collect::<Result<Vec<_>>>()?;
+    let mut errors = Errors::default();
+    errors.add_n(
+        "create",
+        create_streams(&ep, &uris, &OCTET_STREAM, args.connections).await?,
+    );
+    errors.add_n("prefill", prefill(&ep, &uris, args).await?);
+
+    let paths: Arc<[String]> = names
+        .iter()
+        .map(|n| ep.target.stream_path(n))
+        .collect::<Vec<_>>()
+        .into();
+    let window = Window::new(args.warmup, args.duration);
+    let mut tasks = Vec::with_capacity(args.connections);
+    for i in 0..args.connections {
+        let ep = ep.clone();
+        let paths = paths.clone();
+        let (conns, expected) = (args.connections, args.stream_bytes as u64);
+        tasks.push(tokio::spawn(async move {
+            read_loop(ep, paths, i, conns, expected, window).await
+        }));
+    }
+    let mut total = TaskResult::default();
+    for t in tasks {
+        let r = t.await??;
+        total.hist.merge(&r.hist);
+        total.reads += r.reads;
+        total.stream_reads += r.stream_reads;
+        total.bytes += r.bytes;
+        total.errors.merge(&r.errors);
+    }
+    errors.merge(&total.errors);
+    let secs = window.secs();
+    Ok(ReadReport {
+        header: Header::new("read", &ep.target),
+        streams: args.streams,
+        stream_bytes: args.stream_bytes,
+        chunk_size: args.chunk_size,
+        connections: args.connections,
+        duration_s: secs,
+        reads: total.reads,
+        reads_per_s: total.reads as f64 / secs,
+        stream_reads: total.stream_reads,
+        stream_reads_per_s: total.stream_reads as f64 / secs,
+        bytes: total.bytes,
+        mb_per_s: total.bytes as f64 / secs / 1e6,
+        latency: total.hist.latency_us(),
+        errors,
+    })
+}
+
+/// Fill each stream; returns how many appends were rejected.
+async fn prefill(ep: &Arc<Endpoint>, uris: &[http::Uri], args: &ReadArgs) -> Result<u64> {
+    let conns = args.connections.clamp(1, uris.len());
+    let uris: Arc<[http::Uri]> = uris.into();
+    let chunk = Bytes::from(
+        (0..args.chunk_size)
+            .map(|i| b'a' + (i % 26) as u8)
+            .collect::<Vec<_>>(),
+    );
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let ep = ep.clone();
+        let uris = uris.clone();
+        let chunk = chunk.clone();
+        let total = args.stream_bytes;
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::new(ep.clone());
+            let mut rejected = 0u64;
+            for uri in uris.iter().skip(c).step_by(conns) {
+                let mut left = total;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    left -= n;
+                    let req =
+                        ep.with_type(Method::POST, uri.clone(), &OCTET_STREAM, chunk.slice(..n));
+                    let (parts, _) =
+                        tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await??;
+                    if !parts.status.is_success() {
+                        rejected += 1;
+                    }
+                }
+            }
+            Ok::<u64, anyhow::Error>(rejected)
+        }));
+    }
+    let mut rejected = 0;
+    for t in tasks {
+        rejected += t.await??;
+    }
+    Ok(rejected)
+}
+
+async fn read_loop(
+    ep: Arc<Endpoint>,
+    paths: Arc<[String]>,
+    index: usize,
+    conns: usize,
+    expected: u64,
+    window: Window,
+) -> Result<TaskResult> {
+    let mut r = TaskResult::default();
+    let mut conn = Conn::new(ep.clone());
+    let mut k = 0usize;
+    'streams: while Instant::now() < window.end {
+        let path = &paths[(index + k * conns) % paths.len()];
+        k += 1;
+        let mut offset = String::from("-1");
+        let mut got = 0u64;
+        let mut whole_stream_counts = true;
+        for _ in 0..MAX_PAGES {
+            let started = Instant::now();
+            if started >= window.end {
+                break 'streams;
+            }
+            let measured = window.in_measurement(started);
+            whole_stream_counts &= measured;
+            let req = ep.get(ep.target.read_uri(path, &offset, "")?);
+            let res = tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await;
+            let finished = Instant::now();
+            let (parts, n) = match res {
+                Ok(Ok(x)) => x,
+                Ok(Err(e)) => {
+                    if measured {
+                        r.errors.add(error_kind(&e));
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue 'streams;
+                }
+                Err(_) => {
+                    if measured {
+                        r.errors.add("timeout");
+                    }
+                    conn.reset();
+                    continue 'streams;
+                }
+            };
+            if window.counts(started, finished) {
+                r.reads += 1;
+                r.bytes += n;
+                r.hist.record((finished - started).as_nanos() as u64);
+            }
+            got += n;
+            if !parts.status.is_success() {
+                if measured {
+                    r.errors.status(parts.status);
+                }
+                continue 'streams;
+            }
+            let next = header_str(&parts, &STREAM_NEXT_OFFSET);
+            if parts.status == StatusCode::NO_CONTENT || up_to_date(&parts) || next.is_none() {
+                break;
+            }
+            let Some(next) = next.filter(|o| valid_offset(o)) else {
+                r.errors.add("bad_offset");
+                continue 'streams;
+            };
+            if n == 0 && next == offset {
+                r.errors.add("stuck");
+                continue 'streams;
+            }
+            offset = next.to_owned();
+        }
+        if Instant::now() > window.end {
+            break;
+        }
+        if got != expected && whole_stream_counts {
+            r.errors.add("short_read");
+        }
+        if whole_stream_counts {
+            r.stream_reads += 1;
+        }
+    }
+    Ok(r)
+}

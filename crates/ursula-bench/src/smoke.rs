@@ -1,0 +1,134 @@
+//! `smoke`: every scenario for about a second with tiny sizes.
+//!
+//! Fails (non-zero exit) when the generator itself fails: it cannot reach
+//! the server, a scenario errors out or panics. `--strict` also fails on
+//! protocol-level trouble (non-2xx answers, lost deliveries, no progress),
+//! which is what CI wants against a real Durable Streams server. Speed is
+//! never judged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::cli::{AppendArgs, FanoutArgs, IdleArgs, LongpollArgs, ReadArgs, SmokeArgs};
+use crate::client::Endpoint;
+use crate::report::{json_line, note};
+use crate::scenarios::{append, fanout, idle, longpoll, read};
+
+#[derive(Debug, Serialize)]
+struct SmokeSummary {
+    scenario: &'static str,
+    target: String,
+    strict: bool,
+    ok: bool,
+    failures: Vec<String>,
+    problems: Vec<String>,
+}
+
+/// Returns true when smoke passed.
+pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<bool> {
+    let d = args.duration;
+    let warmup = Duration::from_millis(100);
+    let grace = Duration::from_secs(2);
+    let mut failures = Vec::new();
+    let mut problems = Vec::new();
+
+    macro_rules! step {
+        ($name:expr, $fut:expr) => {
+            match $fut.await {
+                Ok(rep) => {
+                    json_line(&rep)?;
+                    if !quiet {
+                        note(&rep.table());
+                    }
+                    problems.extend(rep.problems());
+                }
+                Err(e) => failures.push(format!("{}: {e:#}", $name)),
+            }
+        };
+    }
+
+    let a = AppendArgs {
+        streams: 4,
+        connections: 2,
+        body_size: 64,
+        duration: d,
+        warmup,
+        producer: false,
+    };
+    step!("append", append::run(ep.clone(), &a));
+    let ap = AppendArgs {
+        producer: true,
+        ..a
+    };
+    step!("append --producer", append::run(ep.clone(), &ap));
+    let r = ReadArgs {
+        streams: 2,
+        stream_bytes: 64 * 1024,
+        chunk_size: 4096,
+        connections: 2,
+        duration: d,
+        warmup,
+    };
+    step!("read", read::run(ep.clone(), &r));
+    let f = FanoutArgs {
+        subscribers: 3,
+        rate: 20.0,
+        body_size: 48,
+        duration: d,
+        grace,
+    };
+    step!("fanout", fanout::run(ep.clone(), &f));
+    let l = LongpollArgs {
+        readers: 4,
+        streams: 2,
+        rate: 20.0,
+        timeout_ms: 1000,
+        body_size: 48,
+        duration: d,
+        grace,
+    };
+    step!("longpoll", longpoll::run(ep.clone(), &l));
+    let i = IdleArgs {
+        streams: 200,
+        connections: 4,
+        body_size: 16,
+        server_pid: args.server_pid,
+        settle: Duration::from_millis(100),
+    };
+    step!("idle", idle::run(ep.clone(), &i));
+
+    let ok = failures.is_empty() && (!args.strict || problems.is_empty());
+    let summary = SmokeSummary {
+        scenario: "smoke",
+        target: ep.target.base.clone(),
+        strict: args.strict,
+        ok,
+        failures,
+        problems,
+    };
+    json_line(&summary)?;
+    if !quiet {
+        let mut text = format!(
+            "smoke {} against {}{}\n",
+            if ok { "PASSED" } else { "FAILED" },
+            ep.target.describe(),
+            if args.strict { " (strict)" } else { "" }
+        );
+        for f in &summary.failures {
+            text.push_str(&format!("  generator failure: {f}\n"));
+        }
+        for p in &summary.problems {
+            let tag = if args.strict {
+                "failure"
+            } else {
+                "note (not strict)"
+            };
+            text.push_str(&format!("  {tag}: {p}\n"));
+        }
+        note(&text);
+    }
+    Ok(ok)
+}
