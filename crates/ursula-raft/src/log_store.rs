@@ -26,10 +26,13 @@ use ursula_storage::{Lsn, Wal, WalError, WalRecord};
 use crate::codec::{self, KIND_ENTRY, KIND_PURGE, KIND_TRUNCATE, KIND_VOTE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
-/// One retained entry.
+/// One retained entry, kept encoded: a decoded entry holds every command's allocations, which
+/// costs several times the encoded size while the entry waits for the next snapshot. Entries
+/// are decoded again when read (in practice once, to be applied).
 #[derive(Clone)]
 struct Stored {
-    entry: Entry,
+    log_id: LogId,
+    payload: Arc<[u8]>,
     /// The entry's WAL LSN, or a lower bound of it while the append is in flight.
     lsn: Lsn,
     /// Encoded size (for the size-based snapshot trigger).
@@ -57,20 +60,17 @@ impl LogInner {
     }
 
     fn first_index(&self) -> Option<u64> {
-        self.entries.front().map(|s| s.entry.log_id.index)
+        self.entries.front().map(|s| s.log_id.index)
     }
 
     fn last_log_id(&self) -> Option<LogId> {
-        self.entries
-            .back()
-            .map(|s| s.entry.log_id)
-            .or(self.last_purged)
+        self.entries.back().map(|s| s.log_id).or(self.last_purged)
     }
 
     /// Removes every entry with index >= `index`.
     fn truncate_from(&mut self, index: u64) {
         while let Some(last) = self.entries.back() {
-            if last.entry.log_id.index < index {
+            if last.log_id.index < index {
                 break;
             }
             self.bytes -= last.bytes;
@@ -81,7 +81,7 @@ impl LogInner {
     /// Removes every entry with index <= `upto.index` and remembers the purge point.
     fn purge_upto(&mut self, upto: LogId) {
         while let Some(first) = self.entries.front() {
-            if first.entry.log_id.index > upto.index {
+            if first.log_id.index > upto.index {
                 break;
             }
             self.bytes -= first.bytes;
@@ -101,18 +101,18 @@ impl LogInner {
 
     /// Adds an entry, replacing any entry at or after its index. Refuses to leave a hole.
     fn insert(&mut self, stored: Stored) -> Result<(), String> {
-        let index = stored.entry.log_id.index;
+        let index = stored.log_id.index;
         if let Some(p) = self.last_purged
             && index <= p.index
         {
             return Err(format!(
                 "entry {} is at or below the purge point {}",
-                stored.entry.log_id, p
+                stored.log_id, p
             ));
         }
         self.truncate_from(index);
         let expected = match self.entries.back() {
-            Some(last) => Some(last.entry.log_id.index + 1),
+            Some(last) => Some(last.log_id.index + 1),
             None => self.last_purged.map(|p| p.index + 1),
         };
         if let Some(e) = expected
@@ -120,7 +120,7 @@ impl LogInner {
         {
             return Err(format!(
                 "entry {} would leave a hole (expected index {e})",
-                stored.entry.log_id
+                stored.log_id
             ));
         }
         self.bytes += stored.bytes;
@@ -133,10 +133,10 @@ impl LogInner {
     pub(crate) fn check(&self) -> Result<(), String> {
         if let Some(first) = self.entries.front() {
             let want = self.last_purged.map_or(0, |p| p.index + 1);
-            if first.entry.log_id.index != want {
+            if first.log_id.index != want {
                 return Err(format!(
                     "the log starts at entry {} but the purge point is {:?}",
-                    first.entry.log_id, self.last_purged
+                    first.log_id, self.last_purged
                 ));
             }
         }
@@ -169,10 +169,20 @@ impl LogInner {
                     // records seen so far may be re-written, older markers). `check` verifies
                     // the end result.
                     self.bytes += bytes;
-                    self.entries.push_back(Stored { entry, lsn, bytes });
+                    self.entries.push_back(Stored {
+                        log_id: entry.log_id,
+                        payload: Arc::from(payload),
+                        lsn,
+                        bytes,
+                    });
                     return Ok(());
                 }
-                self.insert(Stored { entry, lsn, bytes })
+                self.insert(Stored {
+                    log_id: entry.log_id,
+                    payload: Arc::from(payload),
+                    lsn,
+                    bytes,
+                })
             }
             KIND_VOTE => {
                 self.vote = Some(codec::decode_vote(payload)?);
@@ -358,10 +368,10 @@ impl GroupLog {
         drop(inner);
     }
 
-    fn entries_in<RB: RangeBounds<u64>>(&self, range: RB) -> Vec<Entry> {
+    fn entries_in<RB: RangeBounds<u64>>(&self, range: RB) -> Result<Vec<Entry>, String> {
         let inner = self.lock();
         let Some(first) = inner.first_index() else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
@@ -377,13 +387,15 @@ impl GroupLog {
         let lo = start.max(first) - first;
         let hi = end.saturating_sub(first).min(len);
         if lo >= hi {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        inner
+        let picked: Vec<Arc<[u8]>> = inner
             .entries
             .range(lo as usize..hi as usize)
-            .map(|s| s.entry.clone())
-            .collect()
+            .map(|s| Arc::clone(&s.payload))
+            .collect();
+        drop(inner);
+        picked.iter().map(|p| codec::decode_entry(p)).collect()
     }
 }
 
@@ -417,7 +429,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        Ok(self.log.entries_in(range))
+        self.log.entries_in(range).map_err(|e| {
+            StorageIOError::new(ErrorSubject::Logs, ErrorVerb::Read, AnyError::error(e)).into()
+        })
     }
 }
 
@@ -480,7 +494,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 let bytes = payload.len() as u64;
                 inner
                     .insert(Stored {
-                        entry,
+                        log_id,
+                        payload: Arc::from(payload.as_slice()),
                         lsn: lsn_floor,
                         bytes,
                     })
@@ -559,7 +574,7 @@ mod tests {
         inner
             .entries
             .iter()
-            .map(|s| (s.entry.log_id.leader_id.term, s.entry.log_id.index))
+            .map(|s| (s.log_id.leader_id.term, s.log_id.index))
             .collect()
     }
 
@@ -642,7 +657,8 @@ mod tests {
     fn insert_refuses_holes() {
         let mut inner = LogInner::default();
         let s = |i| Stored {
-            entry: entry(1, i),
+            log_id: entry(1, i).log_id,
+            payload: Arc::from(codec::encode_entry(&entry(1, i)).unwrap().as_slice()),
             lsn: 1,
             bytes: 1,
         };

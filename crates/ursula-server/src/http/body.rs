@@ -9,6 +9,9 @@ use http_body_util::BodyExt;
 use std::time::Duration;
 use ursula_core::ErrorCode;
 
+/// Bodies smaller than this are copied into their own allocation.
+const COPY_BELOW: usize = 64 * 1024;
+
 fn too_large(limit: u64) -> ApiError {
     ApiError::new(
         ErrorCode::PAYLOAD_TOO_LARGE,
@@ -61,7 +64,13 @@ pub async fn read(
                 buf.extend_from_slice(&data);
             }
         }
-        Ok(single.unwrap_or_else(|| buf.freeze()))
+        // A one-frame body is a slice of the connection's read buffer; a small one is copied
+        // out so that what the log and state keep does not pin that whole buffer.
+        Ok(match single {
+            Some(b) if b.len() < COPY_BELOW => Bytes::copy_from_slice(&b),
+            Some(b) => b,
+            None => buf.freeze(),
+        })
     };
     match tokio::time::timeout(timeout, collect).await {
         Ok(r) => r,
