@@ -337,6 +337,10 @@ fn body_limit_is_128_mib_on_publish_only() {
         g.header("stream-snapshot-digest"),
         Some(digest(OCTETS, &big).as_str())
     );
+    // A bootstrap this large is assembled off the async workers; same answer.
+    let parts = parse_multipart(&s.get(&format!("{p}/bootstrap")));
+    assert_eq!(parts.len(), 1);
+    assert!(parts[0].body == big, "the bootstrap carries the whole blob");
 }
 
 // ---- read, delete -------------------------------------------------------------------------

@@ -18,6 +18,8 @@ use ursula_core::offset::Off;
 use ursula_core::snapshot::Snapshot;
 
 const BOUNDARY_PREFIX: &str = "bootstrap-";
+/// Answers whose parts hold at least this many bytes are assembled off the async workers.
+const SCAN_INLINE_MAX: usize = 1 << 20;
 
 /// What one bootstrap answer is built from, read under one lock so it is consistent.
 struct Plan {
@@ -74,7 +76,15 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
     if touch {
         read::touch_if_due(app, key, &v).await;
     }
-    Ok(respond(plan, Bytes::from(data)))
+    let data = Bytes::from(data);
+    let scanned = data.len() + plan.snapshot.as_ref().map_or(0, |s| s.blob.len());
+    if scanned < SCAN_INLINE_MAX {
+        return Ok(respond(plan, data));
+    }
+    // Choosing the boundary scans every byte once: keep that off the async workers.
+    tokio::task::spawn_blocking(move || respond(plan, data))
+        .await
+        .map_err(|_| ApiError::new(ErrorCode::INTERNAL_ERROR, "building the bootstrap failed"))
 }
 
 /// The update parts: `(start, end)` offsets of each message, or of the rest of the one the
