@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{Conn, Response, Rng, Server, off20, try_request};
+use common::{Conn, Response, Rng, Server, crash_seed, off20, try_request};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -376,15 +376,7 @@ fn verify_all(s: &Server, writers: &mut [Writer], when: &str, final_check: bool)
 
 #[test]
 fn acknowledged_appends_survive_random_sigkills() {
-    let seed = std::env::var("URSULA_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("crash test seed: {seed} (repeat with URSULA_CRASH_SEED={seed})");
+    let seed = crash_seed("crash test");
     let mut rng = Rng::new(seed);
     let t0 = Instant::now();
 

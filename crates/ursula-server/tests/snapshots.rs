@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{Conn, Response, Rng, Server, assert_error, off20, parse_off20, try_request};
+use common::{
+    Conn, Response, Rng, Server, assert_error, crash_seed, off20, parse_off20, try_request,
+};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use ursula_core::snapshot::Digest;
@@ -1153,15 +1155,7 @@ fn verify(s: &Server, p: &str, ledger: &Ledger, seen_retained: &mut u64) {
 
 #[test]
 fn publishes_and_retention_survive_sigkills() {
-    let seed = std::env::var("URSULA_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-    eprintln!("snapshot crash test seed: {seed} (repeat with URSULA_CRASH_SEED={seed})");
+    let seed = crash_seed("snapshot crash test");
     let mut rng = Rng::new(seed);
     let mut s = Server::start();
     let p = "/snap-crash/s";

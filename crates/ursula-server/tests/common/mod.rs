@@ -1005,6 +1005,21 @@ fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
 // Deterministic PRNG (no dependency)
 // ---------------------------------------------------------------------------------------------
 
+/// The seed of a randomized crash test: `URSULA_CRASH_SEED` when set, else the clock. It is
+/// printed, so a failure can be repeated.
+pub fn crash_seed(test: &str) -> u64 {
+    let seed = std::env::var("URSULA_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    eprintln!("{test} seed: {seed} (repeat with URSULA_CRASH_SEED={seed})");
+    seed
+}
+
 /// SplitMix64.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
