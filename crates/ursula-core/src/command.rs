@@ -78,10 +78,10 @@ impl Op {
         match self {
             Op::Append(r) => r.payload.len(),
             Op::Create(r) => {
+                let pinned = r.fork.as_ref().and_then(|f| f.pinned.as_ref());
                 r.payload.len()
-                    + r.fork
-                        .as_ref()
-                        .and_then(|f| f.pinned.as_ref())
+                    + pinned.map_or(0, |p| p.ends_prefix.len() * 8)
+                    + pinned
                         .and_then(|p| p.snapshot.as_ref())
                         .map_or(0, |s| s.blob.len())
             }

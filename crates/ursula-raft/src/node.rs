@@ -11,7 +11,7 @@ use openraft::error::{ClientWriteError, Fatal, InitializeError};
 use openraft::{BasicNode, ServerState, SnapshotPolicy};
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use ursula_core::{Command, GroupState, Op, Response};
+use ursula_core::{Command, GroupState, Response};
 use ursula_storage::{Lsn, Wal, WalOptions};
 
 use crate::error::{ProposeError, RaftError};
@@ -556,12 +556,10 @@ async fn start_groups(
     Ok((purged, head))
 }
 
+/// Size used to bound batches: every command's variable-size data counts, including
+/// snapshot blobs (up to 128 MiB) and the message index a fork inherits.
 fn approx_size(cmd: &Command) -> usize {
-    64 + match &cmd.op {
-        Op::Append(r) => r.payload.len(),
-        Op::Create(r) => r.payload.len(),
-        _ => 0,
-    }
+    64 + cmd.op.payload_len()
 }
 
 fn fatal_error(e: &Fatal<u64>) -> ProposeError {
