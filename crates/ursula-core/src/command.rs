@@ -70,6 +70,11 @@ pub enum Op {
         at: At,
         incarnation: Option<Incarnation>,
     },
+    /// Erase every stream of a bucket and fence its ID (replicated to every group;
+    /// `__compat_v1` is emptied but never fenced).
+    PurgeBucket {
+        bucket: String,
+    },
 }
 
 impl Op {
@@ -227,6 +232,10 @@ pub enum Reply {
     /// A snapshot publish succeeded (or repeated the visible snapshot).
     Snapshot(Box<SnapshotReply>),
     Retained(RetainReply),
+    /// Streams a purge removed in this group.
+    Purged {
+        removed: u64,
+    },
 }
 
 /// The facts a `204` of a snapshot publish reports.

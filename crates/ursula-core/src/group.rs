@@ -121,6 +121,22 @@ impl GroupState {
                 at,
                 incarnation,
             } => self.stream_for_update(key, now, *incarnation)?.retain(*at),
+            Op::PurgeBucket { bucket } => Ok(self.purge_bucket(bucket)),
+        }
+    }
+
+    /// Removes every stream of `bucket` (forks, soft-deleted streams and their pins with
+    /// them: forks never leave their bucket) and fences the ID.
+    fn purge_bucket(&mut self, bucket: &str) -> Reply {
+        let before = self.streams.len();
+        self.streams.retain(|k, _| k.bucket() != bucket);
+        self.outbox.retain(|_, item| item.source.bucket() != bucket);
+        self.buckets.remove(bucket);
+        if bucket != crate::ids::COMPAT_BUCKET {
+            self.fenced.insert(bucket.to_owned());
+        }
+        Reply::Purged {
+            removed: (before - self.streams.len()) as u64,
         }
     }
 

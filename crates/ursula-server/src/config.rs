@@ -10,6 +10,8 @@ use std::path::PathBuf;
 pub struct Config {
     /// Client listener. Default: 127.0.0.1:4437.
     pub listen: SocketAddr,
+    /// Admin-plane listener (purge, metrics); off unless set. Suggested: 127.0.0.1:4438.
+    pub admin_listen: Option<SocketAddr>,
     /// Data directory (WAL, snapshots). Default: ./ursula-data.
     pub data_dir: PathBuf,
     /// Number of Raft groups streams are spread over. Default: 4 (measured: on 2 cores, 4
@@ -41,6 +43,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 4437)),
+            admin_listen: None,
             data_dir: PathBuf::from("./ursula-data"),
             group_count: 4,
             long_poll_timeout_ms: 1000,

@@ -40,6 +40,9 @@ struct ServerArgs {
     /// Address to listen on [default: 127.0.0.1:4437].
     #[arg(long, env = "URSULA_LISTEN")]
     listen: Option<std::net::SocketAddr>,
+    /// Admin-plane listener for operator endpoints (purge) [default: off; e.g. 127.0.0.1:4438].
+    #[arg(long, env = "URSULA_ADMIN_LISTEN")]
+    admin_listen: Option<std::net::SocketAddr>,
     /// Data directory [default: ./ursula-data].
     #[arg(long, env = "URSULA_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -71,6 +74,9 @@ impl ServerArgs {
         };
         if let Some(v) = self.listen {
             c.listen = v;
+        }
+        if self.admin_listen.is_some() {
+            c.admin_listen = self.admin_listen;
         }
         if let Some(v) = self.data_dir {
             c.data_dir = v;
@@ -134,10 +140,19 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;
+    let admin = match cfg.admin_listen {
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await?),
+        None => None,
+    };
+    let admin_addr = match &admin {
+        Some(l) => l.local_addr()?.to_string(),
+        None => "off".to_owned(),
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(
         %addr,
+        %admin_addr,
         data_dir = %cfg.data_dir.display(),
         groups = cfg.group_count,
         recovery_ms = started.elapsed().as_millis() as u64,
@@ -145,7 +160,19 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     );
     let app = app::App::new(node.clone(), cfg);
     app.spawn_upkeep();
-    server::run(listener, app, shutdown_signal()).await;
+    if let Some(admin) = admin {
+        let mut stop = app.shutdown.subscribe();
+        let stopped = async move {
+            let _ = stop.changed().await;
+        };
+        tokio::spawn(server::run(
+            admin,
+            app.clone(),
+            stopped,
+            http::admin::handle,
+        ));
+    }
+    server::run(listener, app, shutdown_signal(), http::handle).await;
     node.shutdown().await;
     tracing::info!("stopped");
     Ok(())

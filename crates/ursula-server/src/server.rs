@@ -12,8 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Serves `listener` until `shutdown` resolves, then drains connections.
-pub async fn run(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Output = ()>) {
+/// Serves `listener` with `handler` until `shutdown` resolves, then drains connections.
+pub async fn run<H, F>(
+    listener: TcpListener,
+    app: Arc<App>,
+    shutdown: impl Future<Output = ()>,
+    handler: H,
+) where
+    H: Fn(Arc<App>, hyper::Request<Body>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = crate::http::Resp> + Send + 'static,
+{
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
     tokio::pin!(shutdown);
@@ -31,9 +39,10 @@ pub async fn run(listener: TcpListener, app: Arc<App>, shutdown: impl Future<Out
         };
         let _ = stream.set_nodelay(true);
         let app = app.clone();
+        let handler = handler.clone();
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
-            let app = app.clone();
-            async move { Ok::<_, Infallible>(crate::http::handle(app, req.map(Body::new)).await) }
+            let fut = handler(app.clone(), req.map(Body::new));
+            async move { Ok::<_, Infallible>(fut.await) }
         });
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())

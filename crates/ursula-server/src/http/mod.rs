@@ -1,5 +1,6 @@
 //! The HTTP API: one entry point that answers CORS, routes, and adds the common headers.
 
+pub mod admin;
 pub mod body;
 pub mod bootstrap;
 pub mod bucket;
@@ -64,7 +65,7 @@ fn allowed_origin(app: &App, origin: Option<&HeaderValue>) -> Option<HeaderValue
     list.iter().any(|a| a == o).then(|| origin.clone())
 }
 
-fn common_headers(app: &App, resp: &mut Resp, origin: Option<&HeaderValue>) {
+pub fn common_headers(app: &App, resp: &mut Resp, origin: Option<&HeaderValue>) {
     let hm = resp.headers_mut();
     hm.insert(
         "x-content-type-options",
