@@ -125,6 +125,17 @@ impl GroupState {
         }
     }
 
+    /// Stream operations in a purged bucket answer as if the bucket never existed.
+    fn check_not_fenced(&self, key: &StreamKey) -> Result<(), Rejection> {
+        if self.fenced.contains(key.bucket()) {
+            return Err(Rejection::new(
+                ErrorCode::BUCKET_NOT_FOUND,
+                "bucket not found",
+            ));
+        }
+        Ok(())
+    }
+
     /// Removes every stream of `bucket` (forks, soft-deleted streams and their pins with
     /// them: forks never leave their bucket) and fences the ID.
     fn purge_bucket(&mut self, bucket: &str) -> Reply {
@@ -149,6 +160,7 @@ impl GroupState {
         incarnation: Option<Incarnation>,
     ) -> Result<&mut StreamState, Rejection> {
         self.lapse_if_expired(key, now);
+        self.check_not_fenced(key)?;
         let s = self.streams.get_mut(key).ok_or_else(not_found)?;
         if s.soft_deleted {
             return Err(soft_deleted());
@@ -382,6 +394,7 @@ impl GroupState {
 
     fn append(&mut self, now: u64, req: &AppendReq) -> Response {
         self.lapse_if_expired(&req.key, now);
+        self.check_not_fenced(&req.key)?;
         let s = self.streams.get_mut(&req.key).ok_or_else(not_found)?;
         if s.soft_deleted {
             return Err(soft_deleted());
@@ -535,6 +548,7 @@ impl GroupState {
 
     fn delete(&mut self, now: u64, key: &StreamKey, inc: Option<Incarnation>) -> Response {
         self.lapse_if_expired(key, now);
+        self.check_not_fenced(key)?;
         let s = self.streams.get(key).ok_or_else(not_found)?;
         if s.soft_deleted {
             return Err(soft_deleted());

@@ -53,7 +53,12 @@ fn purge_erases_and_fences_a_bucket() {
     assert_eq!(r.json()["bucket"], "tenant-a");
 
     // Gone and fenced: reads 404, re-creating the bucket or a stream in it 404.
-    assert_eq!(s.get("/tenant-a/a").status, 404);
+    assert_error(&s.get("/tenant-a/a"), 404, "BUCKET_NOT_FOUND");
+    assert_error(
+        &s.post("/tenant-a/a", "text/plain", b"x"),
+        404,
+        "BUCKET_NOT_FOUND",
+    );
     assert_error(
         &s.put("/tenant-a/a", "text/plain", b""),
         404,

@@ -70,10 +70,12 @@ pub fn view(app: &App, key: &StreamKey, now: u64) -> Result<View, ApiError> {
         }
     });
     found.unwrap_or_else(|| {
-        Err(ApiError::new(
-            ErrorCode::STREAM_NOT_FOUND,
-            "stream not found",
-        ))
+        let fenced = app.with_group(app.group_of(key), |g| g.fenced.contains(key.bucket()));
+        Err(if fenced {
+            ApiError::new(ErrorCode::BUCKET_NOT_FOUND, "bucket not found")
+        } else {
+            ApiError::new(ErrorCode::STREAM_NOT_FOUND, "stream not found")
+        })
     })
 }
 
