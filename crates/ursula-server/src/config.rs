@@ -23,6 +23,9 @@ pub struct Config {
     pub max_request_bytes: u64,
     /// Largest catch-up response body. Default: 33554432 (32 MiB).
     pub max_read_bytes: u64,
+    /// Live readers (long-polls + SSE responses) a node holds before answering
+    /// `503 LIVE_READ_BACKPRESSURE`; 0 = unlimited. Default: 65536.
+    pub live_read_max_waiters: u64,
     /// SSE data batch size when the request has no `max_bytes`. Default: 1048576.
     pub sse_batch_bytes: u64,
     /// Time allowed for a request head to arrive. Default: 10000 ms.
@@ -49,6 +52,7 @@ impl Default for Config {
             long_poll_timeout_ms: 1000,
             max_request_bytes: 32 * 1024 * 1024,
             max_read_bytes: 32 * 1024 * 1024,
+            live_read_max_waiters: 65_536,
             sse_batch_bytes: 1024 * 1024,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,

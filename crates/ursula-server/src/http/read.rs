@@ -403,7 +403,9 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
             touch_if_due(app, key, &v).await;
             return sse::open(app.clone(), target.clone(), v, start, q);
         }
-        Some(Live::LongPoll) => return long_poll(app, target, start, repr, q, hm).await,
+        Some(Live::LongPoll) => {
+            return long_poll(app, target, v.incarnation, start, repr, q, hm).await;
+        }
         None => {}
     }
     touch_if_due(app, key, &v).await;
@@ -472,6 +474,7 @@ fn data_response(
 async fn long_poll(
     app: &Arc<App>,
     target: &Target,
+    opened: Incarnation,
     start: u64,
     repr: Repr,
     q: ReadQuery,
@@ -484,13 +487,21 @@ async fn long_poll(
             .unwrap_or(app.cfg.long_poll_timeout_ms)
             .clamp(1, 60_000),
     );
-    let deadline = tokio::time::Instant::now() + timeout;
+    let mut deadline = tokio::time::Instant::now() + timeout;
+    check_waiter_capacity(app)?;
+    let _waiter = crate::metrics::Gauge::new(&app.metrics.live_waiters);
+    let mut stop = app.shutdown.subscribe();
     // Subscribe before looking again, so no commit can slip between look and wait.
     let mut applied = app.node.applied(app.group_of(key));
     let mut v = view(app, key, app.now_ms())?;
     touch_if_due(app, key, &v).await;
-    let _waiter = crate::metrics::Gauge::new(&app.metrics.live_waiters);
     loop {
+        if v.incarnation != opened {
+            return Err(ApiError::new(
+                ErrorCode::STREAM_NOT_FOUND,
+                "the stream was deleted while the read waited",
+            ));
+        }
         if start < v.tail {
             let max = q
                 .max_bytes
@@ -502,31 +513,49 @@ async fn long_poll(
         if v.closed {
             return Ok(no_content(&v, repr, None));
         }
+        if tokio::time::Instant::now() >= deadline {
+            let c = cursor(v.tail, Some(echoed.as_str()).filter(|c| !c.is_empty()));
+            return Ok(no_content(&v, repr, Some(c)));
+        }
         // Wake for commits; also every quarter TTL so a waiting reader keeps the stream alive.
         let quarter = v
             .lifetime
             .ttl_s
             .map(|t| Duration::from_millis(t.saturating_mul(1000).div_ceil(4)));
         let wake_at = quarter.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
-        let wake = tokio::time::timeout_at(wake_at, applied.changed()).await;
-        let now = app.now_ms();
-        v = view(app, key, now)?;
-        if !matches!(wake, Ok(Ok(()))) && tokio::time::Instant::now() >= deadline {
-            if start < v.tail {
-                continue;
+        tokio::select! {
+            r = applied.changed() => {
+                if r.is_err() {
+                    return Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, "the stream's group stopped"));
+                }
             }
-            let c = (!v.closed)
-                .then(|| cursor(v.tail, Some(echoed.as_str()).filter(|c| !c.is_empty())));
-            return Ok(no_content(&v, repr, c));
+            _ = tokio::time::sleep_until(wake_at) => {}
+            // Shutting down: answer now, as a timeout would.
+            _ = stop.changed() => deadline = tokio::time::Instant::now(),
         }
+        v = view(app, key, app.now_ms())?;
         touch_if_due(app, key, &v).await;
-        if matches!(wake, Ok(Err(_))) {
-            return Err(ApiError::new(
-                ErrorCode::LEADER_UNAVAILABLE,
-                "the stream's group stopped",
-            ));
-        }
     }
+}
+
+/// `503 LIVE_READ_BACKPRESSURE` once the node holds `live_read_max_waiters` live readers.
+pub fn check_waiter_capacity(app: &App) -> Result<(), ApiError> {
+    let max = app.cfg.live_read_max_waiters;
+    let held = app
+        .metrics
+        .live_waiters
+        .load(std::sync::atomic::Ordering::Relaxed)
+        + app
+            .metrics
+            .sse_connections
+            .load(std::sync::atomic::Ordering::Relaxed);
+    if max > 0 && held >= max {
+        return Err(ApiError::new(
+            ErrorCode::LIVE_READ_BACKPRESSURE,
+            format!("this node already holds {max} live readers; retry"),
+        ));
+    }
+    Ok(())
 }
 
 fn no_content(v: &View, repr: Repr, cursor: Option<String>) -> Resp {

@@ -60,8 +60,16 @@ pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) ->
         h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    let batch = q.max_bytes.unwrap_or(app.cfg.sse_batch_bytes);
-    tokio::spawn(run(app, target, start, batch, q.cursor, enc, tx));
+    read::check_waiter_capacity(&app)?;
+    let batch = q
+        .max_bytes
+        .unwrap_or(app.cfg.sse_batch_bytes)
+        .min(app.cfg.max_read_bytes);
+    let opened = Opened {
+        incarnation: v.incarnation,
+        ttl_s: v.lifetime.ttl_s,
+    };
+    tokio::spawn(run(app, target, opened, start, batch, q.cursor, enc, tx));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
@@ -123,9 +131,17 @@ fn utf8_end(bytes: &[u8]) -> usize {
     }
 }
 
+/// What the response was opened on: the incarnation it reads and its TTL.
+struct Opened {
+    incarnation: ursula_core::Incarnation,
+    ttl_s: Option<u64>,
+}
+
+#[allow(clippy::too_many_arguments, reason = "the state of one SSE response")]
 async fn run(
     app: Arc<App>,
     target: Target,
+    opened: Opened,
     mut pos: u64,
     batch: u64,
     mut cursor_echo: Option<String>,
@@ -143,6 +159,15 @@ async fn run(
     };
     let mut first = true;
     let mut stop = app.shutdown.subscribe();
+    // Renew the TTL every quarter window while connected, and keep the line warm.
+    let tick = opened
+        .ttl_s
+        .map_or(KEEPALIVE, |t| {
+            Duration::from_millis(t.saturating_mul(1000).div_ceil(4))
+        })
+        .min(KEEPALIVE);
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let mut last_sent = tokio::time::Instant::now();
     loop {
         let v = match read::view(&app, key, app.now_ms()) {
             Ok(v) => v,
@@ -153,6 +178,12 @@ async fn run(
                 return;
             }
         };
+        if v.incarnation != opened.incarnation {
+            let _ = tx
+                .send(Bytes::from(error_event("the stream was deleted")))
+                .await;
+            return;
+        }
         if pos < v.retained {
             let e = read::gone(&target, pos, v.retained);
             let _ = tx
@@ -189,6 +220,7 @@ async fn run(
             let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
             let mut ev = data_event(enc, &payload);
             ev.push_str(&control_event(end, c.clone(), at_tail, closed));
+            last_sent = tokio::time::Instant::now();
             if tx.send(Bytes::from(ev)).await.is_err() {
                 return;
             }
@@ -221,32 +253,28 @@ async fn run(
         if started.elapsed() > MAX_LIFETIME {
             return;
         }
-        // Wait for a commit in the stream's group, keeping the TTL alive and the line warm.
-        let tick = v
-            .lifetime
-            .ttl_s
-            .map_or(KEEPALIVE, |t| {
-                Duration::from_millis(t.saturating_mul(1000).div_ceil(4))
-            })
-            .min(KEEPALIVE);
-        let mut last_sent = tokio::time::Instant::now();
+        // Wait until this stream has something new; other commits in the group only
+        // re-check it. The ticker keeps its schedule across wake-ups.
         loop {
             tokio::select! {
                 r = applied.changed() => {
                     if r.is_err() { return; }
-                    break;
                 }
-                _ = tokio::time::sleep(tick) => {
-                    if last_sent.elapsed() >= KEEPALIVE {
-                        if tx.send(Bytes::from_static(b":\n")).await.is_err() { return; }
-                        last_sent = tokio::time::Instant::now();
-                    }
-                }
+                _ = ticker.tick() => {}
                 _ = tx.closed() => return,
                 _ = stop.changed() => return,
             }
-            if let Ok(v) = read::view(&app, key, app.now_ms()) {
-                read::touch_if_due(&app, key, &v).await;
+            if last_sent.elapsed() >= KEEPALIVE {
+                if tx.send(Bytes::from_static(b":\n")).await.is_err() {
+                    return;
+                }
+                last_sent = tokio::time::Instant::now();
+            }
+            match read::view(&app, key, app.now_ms()) {
+                Ok(v) if v.incarnation == opened.incarnation && v.tail == pos && !v.closed => {
+                    read::touch_if_due(&app, key, &v).await;
+                }
+                _ => break,
             }
         }
     }

@@ -212,6 +212,16 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
                 "unexpected reply to fork create",
             ))
         }
+        // A definite rejection created nothing: release the pin before answering. After an
+        // ambiguous failure the fork may exist; upkeep releases the pin only if it does not.
+        Err(e)
+            if matches!(
+                e.code(),
+                ErrorCode::INTERNAL_ERROR | ErrorCode::LEADER_UNAVAILABLE
+            ) =>
+        {
+            Err(e)
+        }
         Err(e) => {
             release(app.clone(), f.source.clone()).await;
             Err(e)

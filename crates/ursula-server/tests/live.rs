@@ -1,0 +1,107 @@
+//! Live readers against a busy group: an SSE reader keeps a TTL stream alive while other
+//! streams of its group are written, notices a delete + re-create, and long-polls end at
+//! their deadline even when the group keeps committing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+mod common;
+
+use common::{Server, SseStream, request};
+use std::time::{Duration, Instant};
+
+#[test]
+fn sse_reader_keeps_its_stream_alive_while_the_group_is_busy() {
+    // One group: every stream shares it, so other writes wake the reader constantly.
+    let s = Server::start_with_args(&["--group-count", "1"]);
+    let r = s.req(
+        "PUT",
+        "/live/ttl",
+        &[("Content-Type", "text/plain"), ("Stream-TTL", "2")],
+        b"",
+    );
+    assert_eq!(r.status, 201);
+    assert_eq!(s.put("/live/busy", "text/plain", b"").status, 201);
+    let mut sse = SseStream::open(s.addr(), "/live/ttl?offset=now&live=sse").expect("sse");
+    let first = sse
+        .next_event(Instant::now() + Duration::from_secs(5))
+        .expect("read")
+        .expect("event");
+    assert_eq!(first.event, "control");
+    // Keep the group busy for 3.5 s (well past the 2 s TTL) with writes to another stream.
+    let end = Instant::now() + Duration::from_millis(3500);
+    let mut n = 0;
+    while Instant::now() < end && n < 200 {
+        assert_eq!(s.post("/live/busy", "text/plain", b"x").status, 204);
+        std::thread::sleep(Duration::from_millis(50));
+        n += 1;
+    }
+    assert_eq!(
+        s.head("/live/ttl").status,
+        200,
+        "the connected SSE reader renewed the TTL"
+    );
+}
+
+#[test]
+fn sse_reader_ends_when_the_stream_is_recreated() {
+    let s = Server::start();
+    assert_eq!(s.put("/live/re", "text/plain", b"old").status, 201);
+    let mut sse = SseStream::open(s.addr(), "/live/re?offset=now&live=sse").expect("sse");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    assert_eq!(
+        sse.next_event(deadline)
+            .expect("read")
+            .expect("event")
+            .event,
+        "control"
+    );
+    // Delete and re-create (longer than before) back to back.
+    let addr = s.addr();
+    assert_eq!(request(addr, "DELETE", "/live/re", &[], b"").status, 204);
+    assert_eq!(
+        s.put("/live/re", "text/plain", b"new stream bytes").status,
+        201
+    );
+    let mut saw_error = false;
+    while let Some(ev) = sse.next_event(deadline).expect("read") {
+        assert_ne!(
+            ev.event, "data",
+            "bytes of the new incarnation must not reach the old reader"
+        );
+        if ev.event == "error" {
+            saw_error = true;
+            break;
+        }
+    }
+    assert!(saw_error, "the reader is told its stream is gone");
+}
+
+#[test]
+fn long_poll_ends_at_its_deadline_in_a_busy_group() {
+    let s = Server::start_with_args(&["--group-count", "1"]);
+    assert_eq!(s.put("/live/quiet", "text/plain", b"").status, 201);
+    assert_eq!(s.put("/live/noisy", "text/plain", b"").status, 201);
+    let addr = s.addr();
+    let writer = std::thread::spawn(move || {
+        let end = Instant::now() + Duration::from_millis(2500);
+        while Instant::now() < end {
+            let r = request(
+                addr,
+                "POST",
+                "/live/noisy",
+                &[("Content-Type", "text/plain")],
+                b"x",
+            );
+            assert_eq!(r.status, 204);
+        }
+    });
+    let started = Instant::now();
+    let r = s.get("/live/quiet?offset=now&live=long-poll&timeout_ms=500");
+    let took = started.elapsed();
+    writer.join().expect("writer");
+    assert_eq!(r.status, 204);
+    assert!(
+        took < Duration::from_millis(1500),
+        "long-poll took {took:?} with a 500 ms timeout"
+    );
+}
