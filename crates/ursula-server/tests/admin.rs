@@ -8,8 +8,14 @@ mod common;
 
 use common::{Server, assert_error, request};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 fn admin_addr(s: &Server) -> SocketAddr {
+    // The log reader thread may still be storing the listen line: wait for it.
+    let logged = common::wait_until(Duration::from_secs(10), || {
+        s.log_tail(200).contains("admin_addr=")
+    });
+    assert!(logged, "admin address logged");
     let log = common::strip_ansi(&s.log_tail(200));
     let at = log.find("admin_addr=").expect("admin address logged") + "admin_addr=".len();
     let rest = &log[at..];
