@@ -83,7 +83,7 @@ fn long_poll_ends_at_its_deadline_in_a_busy_group() {
     assert_eq!(s.put("/live/noisy", "text/plain", b"").status, 201);
     let addr = s.addr();
     let writer = std::thread::spawn(move || {
-        let end = Instant::now() + Duration::from_millis(2500);
+        let end = Instant::now() + Duration::from_millis(4000);
         while Instant::now() < end {
             let r = request(
                 addr,
