@@ -105,3 +105,25 @@ fn long_poll_ends_at_its_deadline_in_a_busy_group() {
         "long-poll took {took:?} with a 500 ms timeout"
     );
 }
+
+#[test]
+fn sse_text_never_splits_a_character_even_with_a_tiny_window() {
+    let s = Server::start();
+    let text = "añ€😀z";
+    assert_eq!(
+        s.put("/live/utf8", "text/plain", text.as_bytes()).status,
+        201
+    );
+    let mut sse =
+        SseStream::open(s.addr(), "/live/utf8?offset=-1&live=sse&max_bytes=1").expect("sse");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = String::new();
+    while let Some(ev) = sse.next_event(deadline).expect("read") {
+        match ev.event.as_str() {
+            "data" => got.push_str(&ev.data),
+            "control" if ev.control()["upToDate"] == true => break,
+            _ => {}
+        }
+    }
+    assert_eq!(got, text, "every character arrives whole, one per event");
+}

@@ -122,6 +122,16 @@ fn error_event(msg: &str) -> String {
     format!("event: error\ndata:{}\n\n", msg.replace(['\n', '\r'], " "))
 }
 
+/// Length of the UTF-8 sequence a lead byte starts (1 for anything else).
+fn utf8_len(lead: u8) -> usize {
+    match lead {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF7 => 4,
+        _ => 1,
+    }
+}
+
 /// Shortens a text batch so it never ends inside a UTF-8 sequence.
 fn utf8_end(bytes: &[u8]) -> usize {
     match std::str::from_utf8(bytes) {
@@ -205,6 +215,20 @@ async fn run(
                 if keep > 0 {
                     raw.truncate(keep);
                     end = pos + keep as u64;
+                } else if let Some(need) = raw.first().map(|b| utf8_len(*b))
+                    && need > raw.len()
+                    && pos + need as u64 <= v.tail
+                {
+                    // A window smaller than one character: send that whole character, as a
+                    // JSON message larger than the window is sent alone.
+                    end = pos + need as u64;
+                    raw.clear();
+                    if let Err(e) = read::collect(&app, key, pos, end, &mut raw) {
+                        let _ = tx
+                            .send(Bytes::from(error_event(&e.rejection.message)))
+                            .await;
+                        return;
+                    }
                 }
             }
             let payload = if enc == Encoding::Json {
