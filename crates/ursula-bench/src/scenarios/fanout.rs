@@ -74,17 +74,7 @@ impl FanoutReport {
     }
 
     pub fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        if self.deliveries == 0 {
-            p.push("fanout: nothing delivered".to_owned());
-        }
-        if self.missed > 0 {
-            p.push(format!("fanout: {} missed deliveries", self.missed));
-        }
-        if !self.errors.is_empty() {
-            p.push(format!("fanout: errors {}", self.errors.summary()));
-        }
-        p
+        super::delivery_problems("fanout", self.deliveries, self.missed, &self.errors)
     }
 }
 

@@ -77,17 +77,7 @@ impl LongpollReport {
     }
 
     pub fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        if self.deliveries == 0 {
-            p.push("longpoll: nothing delivered".to_owned());
-        }
-        if self.missed > 0 {
-            p.push(format!("longpoll: {} missed deliveries", self.missed));
-        }
-        if !self.errors.is_empty() {
-            p.push(format!("longpoll: errors {}", self.errors.summary()));
-        }
-        p
+        super::delivery_problems("longpoll", self.deliveries, self.missed, &self.errors)
     }
 }
 

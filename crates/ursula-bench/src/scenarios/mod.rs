@@ -128,6 +128,26 @@ pub async fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// What a delivery scenario (fanout, longpoll) reports as wrong with its own run.
+pub fn delivery_problems(
+    name: &str,
+    deliveries: u64,
+    missed: u64,
+    errors: &crate::stats::Errors,
+) -> Vec<String> {
+    let mut p = Vec::new();
+    if deliveries == 0 {
+        p.push(format!("{name}: nothing delivered"));
+    }
+    if missed > 0 {
+        p.push(format!("{name}: {missed} missed deliveries"));
+    }
+    if !errors.is_empty() {
+        p.push(format!("{name}: errors {}", errors.summary()));
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
