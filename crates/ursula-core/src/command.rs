@@ -294,9 +294,9 @@ pub struct AppendReply {
 }
 
 impl Command {
-    /// Binary encoding used in the Raft log.
-    pub fn encode(&self) -> Vec<u8> {
-        bincode::serialize(self).unwrap_or_default()
+    /// Binary encoding used in the Raft log, appended to `buf`.
+    pub fn encode_into(&self, buf: &mut Vec<u8>) -> Result<(), String> {
+        bincode::serialize_into(buf, self).map_err(|e| e.to_string())
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {

@@ -62,14 +62,13 @@ pub fn encode_entry(entry: &Entry) -> Result<Vec<u8>, String> {
             let count = u32::try_from(batch.0.len()).map_err(|_| "batch too large".to_string())?;
             buf.extend_from_slice(&count.to_le_bytes());
             for cmd in &batch.0 {
-                let bytes = cmd.encode();
-                if bytes.is_empty() {
-                    return Err("a command failed to encode".into());
-                }
-                let len =
-                    u32::try_from(bytes.len()).map_err(|_| "command too large".to_string())?;
-                buf.extend_from_slice(&len.to_le_bytes());
-                buf.extend_from_slice(&bytes);
+                // Length prefix first, patched once the command is encoded in place.
+                let at = buf.len();
+                buf.extend_from_slice(&[0; 4]);
+                cmd.encode_into(&mut buf)?;
+                let len = u32::try_from(buf.len() - at - 4)
+                    .map_err(|_| "command too large".to_string())?;
+                buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
             }
         }
         EntryPayload::Membership(m) => {

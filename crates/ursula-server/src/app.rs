@@ -127,18 +127,10 @@ impl App {
         });
     }
 
-    /// Proposes without outbox follow-up; true when the command was applied.
+    /// Proposes an upkeep command (these never reject); true when it was applied. Like
+    /// every proposal it kicks the group's outbox, so pin releases cascade.
     async fn propose_raw(self: &Arc<Self>, group: u32, op: Op) -> bool {
-        let cmd = Command {
-            now_ms: self.now_ms(),
-            op,
-        };
-        let res = self.node.propose(group, cmd).await;
-        if let Ok(Ok(_)) = &res {
-            // A release may cascade into the source's own outbox.
-            self.kick_outbox(group);
-        }
-        res.is_ok()
+        self.propose(group, op).await.is_ok()
     }
 
     /// Background upkeep: lapse expired streams, deliver outboxes, release stale pins.

@@ -511,11 +511,11 @@ async fn long_poll(
             return data_response(app, target, &v, repr, start, end, true, Some(&echoed), hm);
         }
         if v.closed {
-            return Ok(no_content(&v, repr, None));
+            return Ok(no_content(&v, None));
         }
         if tokio::time::Instant::now() >= deadline {
             let c = cursor(v.tail, Some(echoed.as_str()).filter(|c| !c.is_empty()));
-            return Ok(no_content(&v, repr, Some(c)));
+            return Ok(no_content(&v, Some(c)));
         }
         // Wake for commits; also every quarter TTL so a waiting reader keeps the stream alive.
         let quarter = v
@@ -558,7 +558,7 @@ pub fn check_waiter_capacity(app: &App) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn no_content(v: &View, repr: Repr, cursor: Option<String>) -> Resp {
+fn no_content(v: &View, cursor: Option<String>) -> Resp {
     let mut r = render::empty(StatusCode::NO_CONTENT);
     let hm = r.headers_mut();
     h::put(hm, h::STREAM_NEXT_OFFSET, &Off(v.tail).to_string());
@@ -567,7 +567,6 @@ fn no_content(v: &View, repr: Repr, cursor: Option<String>) -> Resp {
     if v.json {
         h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
-    let _ = repr;
     match cursor {
         Some(c) => h::put(hm, h::STREAM_CURSOR, &c),
         None => {
