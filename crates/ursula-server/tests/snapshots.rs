@@ -680,7 +680,11 @@ fn bootstrap_json_stream_then_continue_live() {
         )
         .unwrap()
     });
-    std::thread::sleep(Duration::from_millis(100));
+    // Append only once the long-poll is parked, so it is woken rather than answered at once.
+    assert!(
+        common::wait_until(Duration::from_secs(10), || s.metrics()["live_waiters"] == 1),
+        "the long-poll never started waiting"
+    );
     assert_status(&s.post(p, JSON, br#"{"n":5}"#), 204);
     let live = waiter.join().unwrap();
     assert_status(&live, 200);
