@@ -360,7 +360,7 @@ impl GroupState {
             soft_deleted: false,
             own_start,
             data_start: own_start,
-            data: Vec::new(),
+            data: crate::bytelog::ByteLog::new(),
             tail: own_start,
             ends,
             ends_cut,

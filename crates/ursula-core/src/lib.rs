@@ -3,6 +3,7 @@
 //! No async, no IO, no clock: time arrives inside each [`command::Command`].
 //!
 //! Module map:
+//! - [`bytelog`]: a stream's held bytes in fixed-size chunks.
 //! - [`ids`]: bucket and stream IDs, stream keys, group placement, incarnations.
 //! - [`offset`]: the 20-digit offset tokens and their accepted input forms.
 //! - [`content_type`]: normalization, matching, JSON/text detection.
@@ -15,6 +16,7 @@
 //! - [`retention`]: the retained offset and physical trimming below it.
 //! - [`group`]: one Raft group's state and `apply`.
 
+pub mod bytelog;
 pub mod command;
 pub mod content_type;
 pub mod error;

@@ -100,8 +100,7 @@ impl StreamState {
         let mut freed = 0;
         if drop > 0 {
             let drop = drop.min(self.data.len());
-            self.data.drain(..drop);
-            self.data.shrink_to_fit();
+            self.data.drop_front(drop);
             self.data_start += drop as u64;
             freed = drop as u64;
         }

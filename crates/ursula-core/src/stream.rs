@@ -1,5 +1,6 @@
 //! The state of one stream incarnation.
 
+use crate::bytelog::ByteLog;
 use crate::command::Lifetime;
 use crate::ids::{Incarnation, StreamKey};
 use crate::producer::ProducerState;
@@ -54,7 +55,7 @@ pub struct StreamState {
     /// First offset still held in `data` (`>= own_start`); retention moves it forward.
     pub data_start: u64,
     /// This stream's own bytes that are still held: offsets `[data_start, tail)`.
-    pub data: Vec<u8>,
+    pub data: ByteLog,
     pub tail: u64,
     /// End offsets of the messages in `[cut_offset, tail)` (JSON: records; others: appends),
     /// after the `ends_cut` messages retention dropped from the front.
@@ -144,18 +145,21 @@ impl StreamState {
         }
     }
 
-    /// Own bytes of `[start, end)`; the caller guarantees `data_start <= start <= end <= tail`
-    /// (see [`StreamState::holds`]). Anything else yields an empty slice.
-    pub fn own_bytes(&self, start: u64, end: u64) -> &[u8] {
+    /// Appends own bytes of `[start, end)` to `out`; the caller guarantees
+    /// `data_start <= start <= end <= tail` (see [`StreamState::holds`]). Anything else appends
+    /// nothing.
+    pub fn copy_own_bytes(&self, start: u64, end: u64, out: &mut Vec<u8>) {
         let (Some(lo), Some(hi)) = (
             start.checked_sub(self.data_start),
             end.checked_sub(self.data_start),
         ) else {
-            return &[];
+            return;
         };
         let lo = usize::try_from(lo).unwrap_or(usize::MAX);
         let hi = usize::try_from(hi).unwrap_or(usize::MAX);
-        self.data.get(lo..hi).unwrap_or(&[])
+        if lo <= hi {
+            self.data.copy_into(lo, hi, out);
+        }
     }
 
     /// Whether this stream still holds its own bytes `[start, end)`.
@@ -169,7 +173,7 @@ impl StreamState {
             return;
         }
         let start = self.tail;
-        self.data.extend_from_slice(payload);
+        self.data.push(payload);
         self.tail += payload.len() as u64;
         if self.json {
             for (i, b) in payload.iter().enumerate() {
@@ -206,7 +210,7 @@ mod tests {
             soft_deleted: false,
             own_start: 0,
             data_start: 0,
-            data: Vec::new(),
+            data: ByteLog::new(),
             tail: 0,
             ends: Vec::new(),
             ends_cut: 0,

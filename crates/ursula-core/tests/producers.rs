@@ -74,7 +74,7 @@ impl Harness {
         self.g
             .streams
             .get(&key())
-            .map(|s| s.data.clone())
+            .map(|s| s.data.to_vec())
             .unwrap_or_default()
     }
 

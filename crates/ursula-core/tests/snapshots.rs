@@ -169,11 +169,11 @@ impl Group {
             let link = s.fork.as_ref().expect("inherited bytes have a source");
             let src = self.g.streams.get(&link.source).expect("source exists");
             assert!(src.holds(start, s.own_start), "source trimmed pinned bytes");
-            out.extend_from_slice(src.own_bytes(start, s.own_start));
+            src.copy_own_bytes(start, s.own_start, &mut out);
         }
         let from = start.max(s.own_start);
         assert!(s.holds(from, s.tail), "stream trimmed retained bytes");
-        out.extend_from_slice(s.own_bytes(from, s.tail));
+        s.copy_own_bytes(from, s.tail, &mut out);
         out
     }
 }

@@ -609,6 +609,9 @@ async fn run_batcher(
             }
         };
         let Some(first) = first else { break };
+        // Let every task that is ready to run (HTTP connections parsing their requests) queue
+        // its proposal first, so that this batch carries all of them.
+        tokio::task::yield_now().await;
         let mut bytes = first.size;
         let mut cmds = vec![first.cmd];
         let mut txs = vec![first.tx];

@@ -131,7 +131,7 @@ async fn propose_apply_round_trip() {
     {
         let st = node.state(2).read().unwrap();
         let s = st.streams.get(&key).unwrap();
-        assert_eq!(s.data, b"hello");
+        assert_eq!(s.data.to_vec(), b"hello");
         assert_eq!(s.tail, 5);
     }
     assert!(*applied.borrow_and_update() > before);

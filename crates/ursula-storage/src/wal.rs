@@ -462,6 +462,9 @@ impl Writer {
             #[cfg(test)]
             let _gate = gate.gate.lock().unwrap_or_else(|e| e.into_inner());
 
+            // Let the threads that feed us (on a busy core: the ones we just preempted) queue
+            // what they have ready, so that one sync commits all of it.
+            thread::yield_now();
             let mut closing = self.handle(first);
             while !closing && self.buf.len() < MAX_BATCH_BYTES {
                 match self.rx.try_recv() {

@@ -128,10 +128,7 @@ pub fn collect(
     out.reserve((end - start) as usize);
     for (k, a, b) in pieces.into_iter().rev() {
         // Retention may have trimmed the bytes since the caller looked (never below a pin).
-        let ok = app.with_stream(&k, |s| {
-            s.holds(a, b)
-                .then(|| out.extend_from_slice(s.own_bytes(a, b)))
-        });
+        let ok = app.with_stream(&k, |s| s.holds(a, b).then(|| s.copy_own_bytes(a, b, out)));
         if ok.flatten().is_none() {
             return Err(ApiError::new(
                 ErrorCode::STREAM_GONE,

@@ -1,0 +1,320 @@
+//! [`ByteLog`]: the bytes a stream still holds, in fixed-size chunks.
+//!
+//! A single `Vec<u8>` per stream reallocates, and copies everything it holds, each time it
+//! doubles; that copy ran under the group's write lock (stalling every reader of the group) and
+//! pulled fresh pages from the OS on every growth. Dropping a prefix for retention shifted the
+//! whole remainder. Here full chunks never move: an append copies only its own bytes, and
+//! retention frees whole chunks. A small stream stays one small, exactly grown buffer, so an
+//! idle stream costs no more than before.
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use serde::de::Deserializer;
+use serde::ser::{SerializeSeq, Serializer};
+use serde::{Deserialize, Serialize};
+
+/// Size of every chunk but the last.
+pub const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Append-only bytes with a droppable prefix. Positions are relative to the first byte held.
+#[derive(Clone, Default)]
+pub struct ByteLog {
+    /// Every chunk but the last holds exactly [`CHUNK_BYTES`]; the first `skip` bytes of the
+    /// first chunk were dropped.
+    chunks: VecDeque<Vec<u8>>,
+    skip: usize,
+    len: usize,
+}
+
+impl ByteLog {
+    /// An empty log (allocates nothing).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no bytes are held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `bytes`.
+    pub fn push(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len();
+        while !bytes.is_empty() {
+            if self.chunks.back().is_none_or(|c| c.len() >= CHUNK_BYTES) {
+                if self.chunks.is_empty() {
+                    self.chunks.reserve_exact(1);
+                }
+                self.chunks.push_back(Vec::new());
+            }
+            let only = self.chunks.len() == 1;
+            let Some(last) = self.chunks.back_mut() else {
+                return; // unreachable: a chunk with room was just ensured
+            };
+            let n = (CHUNK_BYTES - last.len()).min(bytes.len());
+            if last.capacity() - last.len() < n {
+                // The first chunk grows by doubling (small streams stay small); later chunks
+                // are allocated whole, once.
+                let want = if only {
+                    (last.len() + n)
+                        .max(last.capacity().saturating_mul(2))
+                        .min(CHUNK_BYTES)
+                } else {
+                    CHUNK_BYTES
+                };
+                last.reserve_exact(want - last.len());
+            }
+            let (head, rest) = bytes.split_at(n);
+            last.extend_from_slice(head);
+            bytes = rest;
+        }
+    }
+
+    /// Drops the first `n` bytes (all of them if `n >= len`), freeing whole chunks.
+    pub fn drop_front(&mut self, n: usize) {
+        let n = n.min(self.len);
+        self.len -= n;
+        self.skip += n;
+        while let Some(first) = self.chunks.front() {
+            if self.skip < first.len() {
+                break;
+            }
+            self.skip -= first.len();
+            self.chunks.pop_front();
+        }
+        if self.chunks.is_empty() {
+            self.skip = 0;
+            self.chunks = VecDeque::new();
+        } else if self.chunks.len() == 1 && self.skip > 0 {
+            // A lone chunk is the whole log: compact it so a trimmed small stream gives its
+            // memory back (positions stay consistent: it is chunk 0 either way).
+            if let Some(c) = self.chunks.front_mut() {
+                c.drain(..self.skip);
+                c.shrink_to_fit();
+            }
+            self.skip = 0;
+        }
+    }
+
+    /// The bytes of `[lo, hi)` as at most a few slices, in order. Out-of-range bounds are
+    /// clamped to what is held.
+    pub fn slices(&self, lo: usize, hi: usize) -> Slices<'_> {
+        let hi = hi.min(self.len);
+        let lo = lo.min(hi);
+        Slices {
+            log: self,
+            pos: lo + self.skip,
+            end: hi + self.skip,
+        }
+    }
+
+    /// Appends the bytes of `[lo, hi)` (clamped) to `out`.
+    pub fn copy_into(&self, lo: usize, hi: usize, out: &mut Vec<u8>) {
+        for s in self.slices(lo, hi) {
+            out.extend_from_slice(s);
+        }
+    }
+
+    /// All bytes held, as one vector (tests and tools).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len);
+        self.copy_into(0, self.len, &mut v);
+        v
+    }
+
+    /// Builds a log holding `v`, reusing its buffer when it fits in one chunk.
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        if v.len() <= CHUNK_BYTES {
+            let len = v.len();
+            let chunks = if v.is_empty() {
+                VecDeque::new()
+            } else {
+                VecDeque::from([v])
+            };
+            return ByteLog {
+                chunks,
+                skip: 0,
+                len,
+            };
+        }
+        let mut log = ByteLog::new();
+        log.push(&v);
+        log
+    }
+}
+
+/// Iterator over the slices of a range of a [`ByteLog`].
+#[derive(Debug)]
+pub struct Slices<'a> {
+    log: &'a ByteLog,
+    /// Positions counted from the start of the first chunk (i.e. including `skip`).
+    pos: usize,
+    end: usize,
+}
+
+impl<'a> Iterator for Slices<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.pos >= self.end {
+            return None;
+        }
+        let chunk = self.log.chunks.get(self.pos / CHUNK_BYTES)?;
+        let at = self.pos % CHUNK_BYTES;
+        let n = (self.end - self.pos).min(chunk.len().saturating_sub(at));
+        if n == 0 {
+            self.pos = self.end;
+            return None;
+        }
+        self.pos += n;
+        chunk.get(at..at + n)
+    }
+}
+
+impl PartialEq for ByteLog {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len
+            && self
+                .slices(0, self.len)
+                .flatten()
+                .eq(other.slices(0, other.len).flatten())
+    }
+}
+
+impl Eq for ByteLog {}
+
+impl fmt::Debug for ByteLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ByteLog")
+            .field("len", &self.len)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+/// Serialized exactly like the `Vec<u8>` it replaced, so snapshot files keep their format.
+impl Serialize for ByteLog {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.len))?;
+        for s in self.slices(0, self.len) {
+            for b in s {
+                seq.serialize_element(b)?;
+            }
+        }
+        seq.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteLog {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<u8>::deserialize(deserializer).map(ByteLog::from_vec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn small_log_is_one_exact_buffer() {
+        let mut log = ByteLog::new();
+        log.push(b"hello");
+        assert_eq!(log.chunks.len(), 1);
+        assert!(log.chunks[0].capacity() < 64);
+        assert_eq!(log.to_vec(), b"hello");
+    }
+
+    #[test]
+    fn spans_chunks_and_reads_across_them() {
+        let mut log = ByteLog::new();
+        let data: Vec<u8> = (0..3 * CHUNK_BYTES + 17).map(|i| (i % 251) as u8).collect();
+        log.push(&data[..100]);
+        log.push(&data[100..]);
+        assert_eq!(log.len(), data.len());
+        assert_eq!(log.chunks.len(), 4);
+        let lo = CHUNK_BYTES - 3;
+        let hi = 2 * CHUNK_BYTES + 5;
+        let mut out = Vec::new();
+        log.copy_into(lo, hi, &mut out);
+        assert_eq!(out, &data[lo..hi]);
+        assert_eq!(log.slices(lo, hi).count(), 3);
+    }
+
+    #[test]
+    fn drop_front_frees_whole_chunks() {
+        let mut log = ByteLog::new();
+        let data = vec![7u8; 2 * CHUNK_BYTES + 10];
+        log.push(&data);
+        log.drop_front(CHUNK_BYTES + 1);
+        assert_eq!(log.chunks.len(), 2);
+        assert_eq!(log.len(), CHUNK_BYTES + 9);
+        log.drop_front(usize::MAX);
+        assert!(log.is_empty());
+        assert!(log.chunks.is_empty());
+        log.push(b"again");
+        assert_eq!(log.to_vec(), b"again");
+    }
+
+    #[test]
+    fn serializes_like_a_vec() {
+        let data: Vec<u8> = (0..CHUNK_BYTES + 300).map(|i| (i % 7) as u8).collect();
+        let mut log = ByteLog::new();
+        log.push(&data);
+        log.drop_front(5);
+        let a = bincode::serialize(&log).unwrap();
+        let b = bincode::serialize(&data[5..].to_vec()).unwrap();
+        assert_eq!(a, b);
+        let back: ByteLog = bincode::deserialize(&a).unwrap();
+        assert_eq!(back, log);
+        assert_eq!(back.to_vec(), &data[5..]);
+    }
+
+    proptest! {
+        /// Any sequence of appends, prefix drops and range reads behaves like one `Vec<u8>`.
+        #[test]
+        fn behaves_like_a_vec(
+            ops in proptest::collection::vec(
+                prop_oneof![
+                    (1usize..3 * CHUNK_BYTES).prop_map(|n| (0u8, n, 0usize)),
+                    (0usize..2 * CHUNK_BYTES).prop_map(|n| (1u8, n, 0usize)),
+                    (0usize..4 * CHUNK_BYTES, 0usize..4 * CHUNK_BYTES).prop_map(|(a, b)| (2u8, a, b)),
+                ],
+                1..40,
+            )
+        ) {
+            let mut log = ByteLog::new();
+            let mut model: Vec<u8> = Vec::new();
+            let mut next = 0u32;
+            for (op, a, b) in ops {
+                match op {
+                    0 => {
+                        let bytes: Vec<u8> = (0..a).map(|i| (next as usize + i) as u8).collect();
+                        next = next.wrapping_add(a as u32);
+                        log.push(&bytes);
+                        model.extend_from_slice(&bytes);
+                    }
+                    1 => {
+                        log.drop_front(a);
+                        model.drain(..a.min(model.len()));
+                    }
+                    _ => {
+                        let hi = b.min(model.len());
+                        let lo = a.min(hi);
+                        let mut out = Vec::new();
+                        log.copy_into(a, b, &mut out);
+                        prop_assert_eq!(&out[..], &model[lo..hi]);
+                    }
+                }
+                prop_assert_eq!(log.len(), model.len());
+            }
+            prop_assert_eq!(log.to_vec(), model);
+        }
+    }
+}
