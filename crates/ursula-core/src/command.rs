@@ -77,7 +77,40 @@ pub enum Op {
     },
 }
 
+/// Which streams' live readers a command may concern (see [`Op::affects`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Affects<'a> {
+    /// No stream's tail, incarnation or existence changes.
+    Nothing,
+    /// At most this stream changes.
+    Stream(&'a StreamKey),
+    /// Any number of streams may change (bucket purges, fork clean-up cascades).
+    Everything,
+}
+
 impl Op {
+    /// Which live readers applying this command may concern: a reader waiting on a stream
+    /// needs waking only for commands that may change that stream's tail, closed flag,
+    /// incarnation or existence. Over-reporting is harmless (a woken reader re-checks).
+    pub fn affects(&self) -> Affects<'_> {
+        match self {
+            Op::Create(r) => Affects::Stream(&r.key),
+            Op::Append(r) => Affects::Stream(&r.key),
+            Op::Delete { key, .. }
+            | Op::Touch { key, .. }
+            | Op::Expire { key, .. }
+            | Op::Retain { key, .. } => Affects::Stream(key),
+            Op::Unpin { .. } | Op::PurgeBucket { .. } => Affects::Everything,
+            Op::CreateBucket { .. }
+            | Op::DeleteBucket { .. }
+            | Op::Pin(_)
+            | Op::OutboxDone { .. }
+            | Op::Noop
+            | Op::PublishSnapshot(_)
+            | Op::DeleteSnapshot { .. } => Affects::Nothing,
+        }
+    }
+
     /// Bytes of payload the command carries (bodies and snapshot blobs), for batching.
     pub fn payload_len(&self) -> usize {
         match self {

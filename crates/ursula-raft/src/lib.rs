@@ -10,7 +10,8 @@
 //! [`Node::open`] recovers and starts everything; [`Node::propose`] replicates one
 //! [`ursula_core::Command`] and returns what `GroupState::apply` answered, after the entry is
 //! durable, committed and applied; [`Node::state`] and [`Node::applied`] let readers see the
-//! applied state and wait for changes.
+//! applied state and wait for changes; an [`ApplyListener`] in the [`NodeConfig`] hears which
+//! streams each applied batch may have changed (live readers wait per stream).
 //!
 //! ## Batching
 //!
@@ -71,6 +72,7 @@
 mod codec;
 mod error;
 mod identity;
+mod listener;
 mod log_store;
 pub mod network;
 mod node;
@@ -79,6 +81,7 @@ pub mod types;
 
 pub use error::{ProposeError, RaftError};
 pub use identity::FORMAT_VERSION;
+pub use listener::ApplyListener;
 pub use log_store::LogStore;
 pub use node::{Node, NodeConfig};
 pub use state_machine::{SnapshotBuilder, StateMachine};

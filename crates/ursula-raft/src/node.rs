@@ -16,6 +16,7 @@ use ursula_storage::{Lsn, Wal, WalOptions};
 
 use crate::error::{ProposeError, RaftError};
 use crate::identity::{self, Identity};
+use crate::listener::ApplyListener;
 use crate::log_store::{GroupLog, LogInner, LogStore, Marks};
 use crate::network::SingleNodeNetwork;
 use crate::state_machine::{self, Loaded, SnapshotStore, StateMachine};
@@ -44,7 +45,7 @@ const SNAPSHOT_TRIGGER_BACKOFF: Duration = Duration::from_secs(1);
 const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Configuration of a [`Node`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NodeConfig {
     /// Holds `node.toml`, `wal/` and `snapshots/`.
     pub data_dir: PathBuf,
@@ -57,6 +58,21 @@ pub struct NodeConfig {
     /// A group snapshots (and then purges its log) once this many entries were applied since
     /// its last snapshot.
     pub snapshot_logs: u64,
+    /// Hears which streams each applied batch may have changed (live readers).
+    pub listener: Option<Arc<dyn ApplyListener>>,
+}
+
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("data_dir", &self.data_dir)
+            .field("node_id", &self.node_id)
+            .field("group_count", &self.group_count)
+            .field("wal", &self.wal)
+            .field("snapshot_logs", &self.snapshot_logs)
+            .field("listener", &self.listener.is_some())
+            .finish()
+    }
 }
 
 impl NodeConfig {
@@ -68,6 +84,7 @@ impl NodeConfig {
             group_count: 16,
             wal: WalOptions::default(),
             snapshot_logs: 20_000,
+            listener: None,
         }
     }
 }
@@ -501,7 +518,8 @@ async fn start_groups(
             Arc::clone(&state),
             applied_tx,
             Arc::clone(&snapshots),
-        );
+        )
+        .with_listener(cfg.listener.clone());
         let config = Arc::new(raft_config(group, cfg.snapshot_logs)?);
         let raft = Raft::new(
             cfg.node_id,

@@ -13,9 +13,11 @@ use openraft::{
 };
 use tokio::sync::watch;
 use ursula_core::GroupState;
+use ursula_core::command::Affects;
 use ursula_storage::{Wal, snapshot_file};
 
 use crate::codec::{self, SNAPSHOT_FORMAT, SnapshotHeader};
+use crate::listener::ApplyListener;
 use crate::types::{
     BatchResponse, Entry, LogId, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -154,6 +156,7 @@ pub struct StateMachine {
     /// command of a batch gets its own, deterministic index.
     applied_commands: u64,
     snapshots: Arc<SnapshotStore>,
+    listener: Option<Arc<dyn ApplyListener>>,
 }
 
 impl StateMachine {
@@ -167,6 +170,7 @@ impl StateMachine {
         snapshots: Arc<SnapshotStore>,
     ) -> Self {
         StateMachine {
+            listener: None,
             group,
             state,
             applied_tx,
@@ -175,6 +179,12 @@ impl StateMachine {
             applied_commands,
             snapshots,
         }
+    }
+
+    /// Reports each applied batch's changed streams to `listener`.
+    pub(crate) fn with_listener(mut self, listener: Option<Arc<dyn ApplyListener>>) -> Self {
+        self.listener = listener;
+        self
     }
 
     fn header(&self, snapshot_id: String) -> SnapshotHeader {
@@ -219,12 +229,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut out = Vec::new();
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let mut out = Vec::with_capacity(entries.len());
         {
             let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
-            for entry in entries {
+            for entry in &entries {
                 self.last_applied = Some(entry.log_id);
-                match entry.payload {
+                match &entry.payload {
                     EntryPayload::Blank => out.push(BatchResponse::default()),
                     EntryPayload::Normal(batch) => {
                         let mut responses = Vec::with_capacity(batch.0.len());
@@ -235,7 +246,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         out.push(BatchResponse(responses));
                     }
                     EntryPayload::Membership(m) => {
-                        self.membership = StoredMembership::new(Some(entry.log_id), m);
+                        self.membership = StoredMembership::new(Some(entry.log_id), m.clone());
                         out.push(BatchResponse::default());
                     }
                 }
@@ -243,6 +254,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         if let Some(l) = self.last_applied {
             self.applied_tx.send_replace(l.index);
+        }
+        // After the write lock is released, so that woken readers see the new state; and only
+        // now ask whether anyone listens, so a reader that registered before it looked is heard.
+        if let Some(listener) = self.listener.as_ref().filter(|l| l.wanted(self.group)) {
+            let mut changed = Vec::new();
+            let mut everything = false;
+            for entry in &entries {
+                if let EntryPayload::Normal(batch) = &entry.payload {
+                    for cmd in &batch.0 {
+                        match cmd.op.affects() {
+                            Affects::Nothing => {}
+                            Affects::Stream(key) => changed.push(key),
+                            Affects::Everything => everything = true,
+                        }
+                    }
+                }
+            }
+            if everything || !changed.is_empty() {
+                listener.applied(self.group, &changed, everything);
+            }
         }
         Ok(out)
     }
@@ -300,6 +331,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.applied_commands = header.applied_commands;
         self.applied_tx
             .send_replace(self.last_applied.map_or(0, |l| l.index));
+        if let Some(listener) = self.listener.as_ref().filter(|l| l.wanted(self.group)) {
+            listener.applied(self.group, &[], true);
+        }
         Ok(())
     }
 

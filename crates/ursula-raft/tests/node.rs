@@ -21,6 +21,7 @@ fn config(dir: &Path, groups: u32, fsync: bool) -> NodeConfig {
             fsync,
         },
         snapshot_logs: 20_000,
+        listener: None,
     }
 }
 
@@ -147,6 +148,47 @@ async fn propose_apply_round_trip() {
     node.shutdown().await; // idempotent
 }
 
+/// Records what the state machine reports; listens only while `on` is set.
+#[derive(Default)]
+struct Recorder {
+    on: std::sync::atomic::AtomicBool,
+    heard: std::sync::Mutex<Vec<(u32, Vec<StreamKey>, bool)>>,
+}
+
+impl ursula_raft::ApplyListener for Recorder {
+    fn wanted(&self, _group: u32) -> bool {
+        self.on.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn applied(&self, group: u32, changed: &[&StreamKey], everything: bool) {
+        let keys = changed.iter().map(|k| (*k).clone()).collect();
+        self.heard.lock().unwrap().push((group, keys, everything));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listener_hears_the_streams_each_batch_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Arc::new(Recorder::default());
+    let mut cfg = config(dir.path(), 4, false);
+    cfg.listener = Some(rec.clone());
+    let node = open(cfg).await;
+    let a = key_in_group(1, 4, 0);
+    let b = key_in_group(1, 4, 1);
+    node.propose(1, create(&a)).await.unwrap().unwrap();
+    node.propose(1, create(&b)).await.unwrap().unwrap();
+    assert!(rec.heard.lock().unwrap().is_empty(), "nobody listened yet");
+
+    rec.on.store(true, std::sync::atomic::Ordering::SeqCst);
+    node.propose(1, append(&a, b"x")).await.unwrap().unwrap();
+    node.propose(1, noop()).await.unwrap().unwrap();
+    node.propose(1, append(&b, b"y")).await.unwrap().unwrap();
+    let heard = rec.heard.lock().unwrap().clone();
+    let keys: Vec<_> = heard.iter().flat_map(|(_, k, _)| k.clone()).collect();
+    assert_eq!(keys, vec![a.clone(), b.clone()], "{heard:?}");
+    assert!(heard.iter().all(|(g, _, all)| *g == 1 && !*all));
+    node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_recovers_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -253,6 +295,7 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
             fsync: false,
         },
         snapshot_logs: 20,
+        listener: None,
     };
     let node = open(cfg.clone()).await;
     let key = key_in_group(0, groups, 11);
@@ -414,6 +457,7 @@ async fn repeated_crashes_and_restarts_with_snapshots() {
             fsync: false,
         },
         snapshot_logs: 10,
+        listener: None,
     };
     let keys: Vec<_> = (0..groups).map(|g| key_in_group(g, groups, 5)).collect();
     let mut expected = vec![0u64; groups as usize];

@@ -18,10 +18,16 @@ pub struct App {
     outbox_busy: Vec<AtomicBool>,
     pub shutdown: tokio::sync::watch::Sender<bool>,
     pub metrics: crate::metrics::Metrics,
+    /// Live readers by stream; the node's state machines report changes to it.
+    pub watchers: Arc<crate::watchers::Watchers>,
 }
 
 impl App {
-    pub fn new(node: Arc<Node>, cfg: Config) -> Arc<Self> {
+    pub fn new(
+        node: Arc<Node>,
+        cfg: Config,
+        watchers: Arc<crate::watchers::Watchers>,
+    ) -> Arc<Self> {
         let groups = node.group_count();
         Arc::new(App {
             node,
@@ -31,6 +37,7 @@ impl App {
             outbox_busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             shutdown: tokio::sync::watch::channel(false).0,
             metrics: crate::metrics::Metrics::default(),
+            watchers,
         })
     }
 

@@ -5,6 +5,7 @@ mod config;
 mod http;
 mod metrics;
 mod server;
+mod watchers;
 
 use clap::{Parser, Subcommand};
 use config::Config;
@@ -128,6 +129,7 @@ fn main() -> anyhow::Result<()> {
 async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let started = std::time::Instant::now();
+    let watchers = watchers::Watchers::new(cfg.group_count);
     let node = ursula_raft::Node::open(ursula_raft::NodeConfig {
         data_dir: cfg.data_dir.clone(),
         node_id: 1,
@@ -137,6 +139,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             ..Default::default()
         },
         snapshot_logs: cfg.snapshot_logs,
+        listener: Some(watchers.clone()),
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;
@@ -158,7 +161,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         recovery_ms = started.elapsed().as_millis() as u64,
         "ursula listening"
     );
-    let app = app::App::new(node.clone(), cfg);
+    let app = app::App::new(node.clone(), cfg, watchers);
     app.spawn_upkeep();
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();

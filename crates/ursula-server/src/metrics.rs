@@ -13,6 +13,7 @@ pub struct Metrics {
     pub read_bytes: AtomicU64,
     pub live_waiters: AtomicU64,
     pub sse_connections: AtomicU64,
+    pub live_wakeups: AtomicU64,
 }
 
 fn get(c: &AtomicU64) -> u64 {
@@ -24,7 +25,7 @@ pub fn inc(c: &AtomicU64, by: u64) {
 }
 
 impl Metrics {
-    fn pairs(&self) -> [(&'static str, &'static str, &'static str, u64); 9] {
+    fn pairs(&self) -> [(&'static str, &'static str, &'static str, u64); 10] {
         [
             (
                 "ursula_http_requests_total",
@@ -79,6 +80,12 @@ impl Metrics {
                 "gauge",
                 "open SSE responses",
                 get(&self.sse_connections),
+            ),
+            (
+                "ursula_live_wakeups_total",
+                "counter",
+                "live readers woken by a change to their stream",
+                get(&self.live_wakeups),
             ),
         ]
     }

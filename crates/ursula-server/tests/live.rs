@@ -127,3 +127,57 @@ fn sse_text_never_splits_a_character_even_with_a_tiny_window() {
     }
     assert_eq!(got, text, "every character arrives whole, one per event");
 }
+
+#[test]
+fn commits_to_other_streams_do_not_wake_a_waiting_reader() {
+    // One group: both streams share it, as they would any group at scale.
+    let s = Server::start_with_args(&["--group-count", "1"]);
+    assert_eq!(s.put("/live/quiet", "text/plain", b"q").status, 201);
+    assert_eq!(s.put("/live/noisy", "text/plain", b"").status, 201);
+    let addr = s.addr();
+    let waiter = std::thread::spawn(move || {
+        common::try_request(
+            addr,
+            "GET",
+            "/live/quiet?offset=now&live=long-poll&timeout_ms=20000",
+            &[],
+            b"",
+            Duration::from_secs(30),
+        )
+        .unwrap()
+    });
+    assert!(
+        common::wait_until(Duration::from_secs(10), || s.metrics()["live_waiters"] == 1),
+        "the long-poll never started waiting"
+    );
+    let mut sse = SseStream::open(s.addr(), "/live/quiet?offset=now&live=sse").expect("sse");
+    let first = sse
+        .next_event(Instant::now() + Duration::from_secs(5))
+        .expect("read")
+        .expect("event");
+    assert_eq!(first.event, "control");
+
+    for _ in 0..100 {
+        assert_eq!(s.post("/live/noisy", "text/plain", b"x").status, 204);
+    }
+    assert_eq!(
+        s.metrics()["live_wakeups_total"],
+        0,
+        "100 commits to another stream woke the quiet stream's readers"
+    );
+
+    assert_eq!(s.post("/live/quiet", "text/plain", b"!").status, 204);
+    let r = waiter.join().unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"!");
+    let ev = sse
+        .next_event(Instant::now() + Duration::from_secs(5))
+        .expect("read")
+        .expect("event");
+    assert_eq!((ev.event.as_str(), ev.data.as_str()), ("data", "!"));
+    let woken = s.metrics()["live_wakeups_total"].as_u64().unwrap();
+    assert!(
+        (1..=2).contains(&woken),
+        "one append wakes each reader once, got {woken}"
+    );
+}

@@ -15,7 +15,12 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     let streams: u64 = (0..app.node.group_count())
         .map(|g| app.with_group(g, |gs| gs.streams.len() as u64))
         .sum();
-    let extra = [("ursula_streams", streams), ("ursula_raft_groups", groups)];
+    let watched = app.watchers.watched_streams() as u64;
+    let extra = [
+        ("ursula_streams", streams),
+        ("ursula_raft_groups", groups),
+        ("ursula_live_watched_streams", watched),
+    ];
     let (body, ct) = match path.as_slice() {
         ["metrics"] => (app.metrics.json(&extra).to_string(), "application/json"),
         ["metrics", "prometheus"] => (app.metrics.prometheus(&extra), "text/plain; version=0.0.4"),

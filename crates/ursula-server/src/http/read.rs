@@ -488,8 +488,8 @@ async fn long_poll(
     check_waiter_capacity(app)?;
     let _waiter = crate::metrics::Gauge::new(&app.metrics.live_waiters);
     let mut stop = app.shutdown.subscribe();
-    // Subscribe before looking again, so no commit can slip between look and wait.
-    let mut applied = app.node.applied(app.group_of(key));
+    // Register before looking again, so no commit can slip between look and wait.
+    let mut watch = app.watchers.watch(app.group_of(key), key);
     let mut v = view(app, key, app.now_ms())?;
     touch_if_due(app, key, &v).await;
     loop {
@@ -521,11 +521,7 @@ async fn long_poll(
             .map(|t| Duration::from_millis(t.saturating_mul(1000).div_ceil(4)));
         let wake_at = quarter.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
         tokio::select! {
-            r = applied.changed() => {
-                if r.is_err() {
-                    return Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, "the stream's group stopped"));
-                }
-            }
+            () = watch.changed() => inc(&app.metrics.live_wakeups, 1),
             _ = tokio::time::sleep_until(wake_at) => {}
             // Shutting down: answer now, as a timeout would.
             _ = stop.changed() => deadline = tokio::time::Instant::now(),

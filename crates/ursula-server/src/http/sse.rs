@@ -160,7 +160,8 @@ async fn run(
 ) {
     let _open = Gauge::new(&app.metrics.sse_connections);
     let key = &target.key;
-    let mut applied = app.node.applied(app.group_of(key));
+    // Registered before the first look at the stream, so no commit slips past.
+    let mut watch = app.watchers.watch(app.group_of(key), key);
     let started = tokio::time::Instant::now();
     let repr = if enc == Encoding::Json {
         Repr::JsonArray
@@ -277,13 +278,11 @@ async fn run(
         if started.elapsed() > MAX_LIFETIME {
             return;
         }
-        // Wait until this stream has something new; other commits in the group only
-        // re-check it. The ticker keeps its schedule across wake-ups.
+        // Wait until this stream has something new (commits to other streams do not wake
+        // us). The ticker keeps its schedule across wake-ups.
         loop {
             tokio::select! {
-                r = applied.changed() => {
-                    if r.is_err() { return; }
-                }
+                () = watch.changed() => inc(&app.metrics.live_wakeups, 1),
                 _ = ticker.tick() => {}
                 _ = tx.closed() => return,
                 _ = stop.changed() => return,
