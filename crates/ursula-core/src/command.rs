@@ -188,6 +188,26 @@ pub struct CreateReq {
     pub fork: Option<ForkCreate>,
 }
 
+impl CreateReq {
+    /// A plain create of `key` with every option at its default: no content type, no payload,
+    /// no lifetime, producer, `Stream-Seq`, incarnation check or fork. Set fields with struct
+    /// update syntax: `CreateReq { closed: true, ..CreateReq::new(key) }`.
+    pub fn new(key: StreamKey) -> Self {
+        CreateReq {
+            key,
+            content_type: None,
+            closed: false,
+            lifetime: Lifetime::default(),
+            stream_seq: None,
+            producer: None,
+            incarnation: None,
+            payload: Bytes::new(),
+            messages: 0,
+            fork: None,
+        }
+    }
+}
+
 /// The fork part of a create: what the request asked and what the source pinned.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ForkCreate {
@@ -249,6 +269,24 @@ pub struct AppendReq {
     pub record_match: Option<u64>,
     pub payload: Bytes,
     pub messages: u64,
+}
+
+impl AppendReq {
+    /// A plain append of `payload` to `key` with every option at its default (no content
+    /// type, close, `Stream-Seq`, producer, incarnation or record check; no JSON messages).
+    pub fn new(key: StreamKey, payload: Bytes) -> Self {
+        AppendReq {
+            key,
+            content_type: None,
+            close: false,
+            stream_seq: None,
+            producer: None,
+            incarnation: None,
+            record_match: None,
+            payload,
+            messages: 0,
+        }
+    }
 }
 
 /// What applying a command answers.

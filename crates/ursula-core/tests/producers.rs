@@ -43,30 +43,17 @@ impl Harness {
 
     fn create(&mut self, lifetime: Lifetime) -> Response {
         self.apply(Op::Create(Box::new(CreateReq {
-            key: key(),
             content_type: Some(CT.into()),
-            closed: false,
             lifetime,
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
-            payload: Bytes::new(),
-            messages: 0,
-            fork: None,
+            ..CreateReq::new(key())
         })))
     }
 
     fn append(&mut self, producer: Option<ProducerHdr>, body: &[u8]) -> Response {
         self.apply(Op::Append(Box::new(AppendReq {
-            key: key(),
             content_type: Some(CT.into()),
-            close: false,
-            stream_seq: None,
             producer,
-            incarnation: None,
-            record_match: None,
-            payload: Bytes::copy_from_slice(body),
-            messages: 0,
+            ..AppendReq::new(key(), Bytes::copy_from_slice(body))
         })))
     }
 
@@ -285,20 +272,7 @@ fn purge_removes_a_bucket_and_fences_it() {
     );
     // The compatibility bucket is emptied but stays usable.
     let compat = StreamKey::new("__compat_v1", "c");
-    let create = |key: StreamKey| {
-        Op::Create(Box::new(CreateReq {
-            key,
-            content_type: None,
-            closed: false,
-            lifetime: Lifetime::default(),
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
-            payload: Bytes::new(),
-            messages: 0,
-            fork: None,
-        }))
-    };
+    let create = |key: StreamKey| Op::Create(Box::new(CreateReq::new(key)));
     assert!(h.apply(create(compat.clone())).is_ok());
     assert_eq!(
         h.apply(Op::PurgeBucket {

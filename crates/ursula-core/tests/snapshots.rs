@@ -50,16 +50,11 @@ impl Group {
         lifetime: Lifetime,
     ) -> Incarnation {
         let r = self.apply(Op::Create(Box::new(CreateReq {
-            key: key(name),
             content_type: Some(ct.into()),
-            closed: false,
             lifetime,
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
             payload: Bytes::copy_from_slice(payload),
             messages,
-            fork: None,
+            ..CreateReq::new(key(name))
         })));
         match r {
             Ok(Reply::Created(c)) => c.incarnation,
@@ -69,15 +64,9 @@ impl Group {
 
     fn append(&mut self, name: &str, ct: &str, payload: &[u8]) -> AppendReply {
         let r = self.apply(Op::Append(Box::new(AppendReq {
-            key: key(name),
             content_type: Some(ct.into()),
-            close: false,
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
-            record_match: None,
-            payload: Bytes::copy_from_slice(payload),
             messages: payload.iter().filter(|b| **b == b'\n').count() as u64,
+            ..AppendReq::new(key(name), Bytes::copy_from_slice(payload))
         })));
         match r {
             Ok(Reply::Appended(a)) => a,
@@ -139,21 +128,13 @@ impl Group {
             other => return other,
         };
         self.apply(Op::Create(Box::new(CreateReq {
-            key: key(name),
-            content_type: None,
-            closed: false,
-            lifetime: Lifetime::default(),
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
-            payload: Bytes::new(),
-            messages: 0,
             fork: Some(ForkCreate {
                 source: key(source),
                 anchor,
                 sub: 0,
                 pinned: Some(*pinned),
             }),
+            ..CreateReq::new(key(name))
         })))
     }
 

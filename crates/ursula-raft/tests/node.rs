@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use ursula_core::command::{AppendReq, CreateReq, Lifetime};
+use ursula_core::command::{AppendReq, CreateReq};
 use ursula_core::{Command, GroupState, Op, Reply, StreamKey};
 use ursula_raft::{Node, NodeConfig, ProposeError, RaftError, WalOptions};
 
@@ -36,16 +36,8 @@ fn create(key: &StreamKey) -> Command {
     Command {
         now_ms: 1_000,
         op: Op::Create(Box::new(CreateReq {
-            key: key.clone(),
             content_type: Some("application/octet-stream".into()),
-            closed: false,
-            lifetime: Lifetime::default(),
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
-            payload: Bytes::new(),
-            messages: 0,
-            fork: None,
+            ..CreateReq::new(key.clone())
         })),
     }
 }
@@ -54,15 +46,8 @@ fn append(key: &StreamKey, payload: &[u8]) -> Command {
     Command {
         now_ms: 2_000,
         op: Op::Append(Box::new(AppendReq {
-            key: key.clone(),
             content_type: Some("application/octet-stream".into()),
-            close: false,
-            stream_seq: None,
-            producer: None,
-            incarnation: None,
-            record_match: None,
-            payload: Bytes::copy_from_slice(payload),
-            messages: 0,
+            ..AppendReq::new(key.clone(), Bytes::copy_from_slice(payload))
         })),
     }
 }
