@@ -249,6 +249,10 @@ pub enum Preset {
     /// append, 1 stream, 16 connections, 128 B
     #[value(name = "append-1x16")]
     Append1x16,
+    /// append, 100 streams, 256 connections, 128 B (not in the default set: how durable
+    /// throughput grows with concurrency, since every sync commits whatever is queued)
+    #[value(name = "append-100x256")]
+    Append100x256,
     /// append --producer, 100 streams, 32 connections, 128 B
     #[value(name = "append-producer")]
     AppendProducer,
@@ -271,6 +275,7 @@ impl Preset {
         match self {
             Preset::Append100x32 => "append-100x32",
             Preset::Append1x16 => "append-1x16",
+            Preset::Append100x256 => "append-100x256",
             Preset::AppendProducer => "append-producer",
             Preset::Read10x1MiB => "read-10x1MiB",
             Preset::Fanout100At50 => "fanout-100@50",
@@ -283,7 +288,10 @@ impl Preset {
     pub fn runs_on_floor(self) -> bool {
         matches!(
             self,
-            Preset::Append100x32 | Preset::Append1x16 | Preset::AppendProducer
+            Preset::Append100x32
+                | Preset::Append1x16
+                | Preset::Append100x256
+                | Preset::AppendProducer
         )
     }
 }

@@ -61,7 +61,10 @@ fn metric_defs(p: Preset) -> &'static [MetricDef] {
         m("creates_per_s", "/creates_per_s"),
     ];
     match p {
-        Preset::Append100x32 | Preset::Append1x16 | Preset::AppendProducer => APPEND,
+        Preset::Append100x32
+        | Preset::Append1x16
+        | Preset::Append100x256
+        | Preset::AppendProducer => APPEND,
         Preset::Read10x1MiB => READ,
         Preset::Fanout100At50 => FANOUT,
         Preset::Longpoll100At50 => LONGPOLL,
@@ -101,6 +104,15 @@ fn preset_args(p: Preset, a: &CompareArgs, server_pid: u32) -> Vec<String> {
             "1",
             "-c",
             "16",
+            "--body-size",
+            "128",
+        ])),
+        Preset::Append100x256 => timed(s(&[
+            "append",
+            "--streams",
+            "100",
+            "-c",
+            "256",
             "--body-size",
             "128",
         ])),
@@ -435,6 +447,7 @@ mod tests {
         for p in [
             Preset::Append100x32,
             Preset::Append1x16,
+            Preset::Append100x256,
             Preset::AppendProducer,
             Preset::Read10x1MiB,
             Preset::Fanout100At50,
