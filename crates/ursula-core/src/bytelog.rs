@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use serde::de::Deserializer;
-use serde::ser::{SerializeSeq, Serializer};
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
 /// Size of every chunk but the last.
@@ -198,22 +198,50 @@ impl fmt::Debug for ByteLog {
     }
 }
 
-/// Serialized exactly like the `Vec<u8>` it replaced, so snapshot files keep their format.
+/// Serialized as one byte string. With bincode (snapshots) that is exactly the encoding of the
+/// `Vec<u8>` this type replaced (a `u64` length, then the bytes), so snapshot files keep their
+/// format, and it is written and read in bulk rather than byte by byte.
 impl Serialize for ByteLog {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.len))?;
-        for s in self.slices(0, self.len) {
-            for b in s {
-                seq.serialize_element(b)?;
-            }
+        match self.chunks.len() {
+            0 => serializer.serialize_bytes(&[]),
+            1 => serializer.serialize_bytes(self.slices(0, self.len).next().unwrap_or(&[])),
+            _ => serializer.serialize_bytes(&self.to_vec()),
         }
-        seq.end()
+    }
+}
+
+struct ByteLogVisitor;
+
+impl<'de> Visitor<'de> for ByteLogVisitor {
+    type Value = ByteLog;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a byte string")
+    }
+
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<ByteLog, E> {
+        let mut log = ByteLog::new();
+        log.push(v);
+        Ok(log)
+    }
+
+    fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<ByteLog, E> {
+        Ok(ByteLog::from_vec(v))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ByteLog, A::Error> {
+        let mut v = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(CHUNK_BYTES));
+        while let Some(b) = seq.next_element::<u8>()? {
+            v.push(b);
+        }
+        Ok(ByteLog::from_vec(v))
     }
 }
 
 impl<'de> Deserialize<'de> for ByteLog {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Vec::<u8>::deserialize(deserializer).map(ByteLog::from_vec)
+        deserializer.deserialize_byte_buf(ByteLogVisitor)
     }
 }
 
@@ -274,6 +302,16 @@ mod tests {
         let back: ByteLog = bincode::deserialize(&a).unwrap();
         assert_eq!(back, log);
         assert_eq!(back.to_vec(), &data[5..]);
+        // A one-chunk and an empty log too, and old files (a serialized Vec) load.
+        for v in [b"small".to_vec(), Vec::new()] {
+            let one = ByteLog::from_vec(v.clone());
+            assert_eq!(
+                bincode::serialize(&one).unwrap(),
+                bincode::serialize(&v).unwrap()
+            );
+            let back: ByteLog = bincode::deserialize(&bincode::serialize(&v).unwrap()).unwrap();
+            assert_eq!(back.to_vec(), v);
+        }
     }
 
     proptest! {

@@ -797,27 +797,34 @@ impl Upkeep {
         // The oldest segment ends where the second one starts; move whatever pins it. A group
         // whose entries pin it is snapshotted only once the WAL outweighs its snapshot, which
         // bounds the bytes re-written per byte of WAL freed.
+        //
+        // At most one snapshot is triggered per pass: groups written at the same rate would
+        // otherwise all snapshot at once, and writing all their state together stalls the WAL's
+        // syncs (and so every acknowledgement) behind the disk.
+        let mut triggered = false;
         if let Some(&target) = starts.get(1) {
             let wal_bytes = self.wal.disk_bytes();
             for (i, (_, log, snapshots)) in self.groups.iter().enumerate() {
                 if log.pin().is_some_and(|p| p < target) {
                     log.rewrite_markers_below(target);
-                    if log.first_entry_lsn().is_some_and(|l| l < target)
+                    if !triggered
+                        && log.first_entry_lsn().is_some_and(|l| l < target)
                         && wal_bytes >= snapshots.bytes()
                     {
-                        self.maybe_snapshot(
-                            i,
-                            last_trigger,
-                            "its log holds the oldest wal segment",
-                        )
-                        .await;
+                        triggered = self
+                            .maybe_snapshot(i, last_trigger, "its log holds the oldest wal segment")
+                            .await;
                     }
                 }
             }
         }
         for (i, (raft, log, snapshots)) in self.groups.iter().enumerate() {
+            if triggered {
+                break;
+            }
             if log.retained_bytes() > SNAPSHOT_MIN_LOG_BYTES.max(snapshots.bytes()) {
-                self.maybe_snapshot(i, last_trigger, "its log is large")
+                triggered = self
+                    .maybe_snapshot(i, last_trigger, "its log is large")
                     .await;
                 continue;
             }
@@ -831,18 +838,25 @@ impl Upkeep {
                 applied.saturating_sub(snapshot) >= self.snapshot_logs
             };
             if due {
-                self.maybe_snapshot(i, last_trigger, "its snapshot policy is due")
+                triggered = self
+                    .maybe_snapshot(i, last_trigger, "its snapshot policy is due")
                     .await;
             }
         }
     }
 
-    async fn maybe_snapshot(&self, i: usize, last_trigger: &mut [Option<Instant>], why: &str) {
+    /// Asks group `i` to snapshot unless it did recently or has nothing new; true if asked.
+    async fn maybe_snapshot(
+        &self,
+        i: usize,
+        last_trigger: &mut [Option<Instant>],
+        why: &str,
+    ) -> bool {
         let Some((raft, _, _)) = self.groups.get(i) else {
-            return;
+            return false;
         };
         if last_trigger[i].is_some_and(|t| t.elapsed() < SNAPSHOT_TRIGGER_BACKOFF) {
-            return;
+            return false;
         }
         let behind = {
             let m = raft.metrics();
@@ -850,12 +864,13 @@ impl Upkeep {
             m.last_applied > m.snapshot
         };
         if !behind {
-            return;
+            return false;
         }
         last_trigger[i] = Some(Instant::now());
         tracing::debug!(group = i, why, "triggering a snapshot");
         if let Err(e) = raft.trigger().snapshot().await {
             tracing::warn!(group = i, error = %e, "triggering a snapshot failed");
         }
+        true
     }
 }

@@ -679,19 +679,22 @@ fn lock_dir(dir: &Path) -> Result<File, WalError> {
 /// Name of the zero-filled file prepared for the next segment.
 const PREPARED_SEGMENT_NAME: &str = "wal-next.prepared";
 
-/// Writes `len` zero bytes to `path` and syncs it.
+/// Writes `len` zero bytes to `path` and syncs it. Runs beside live appends, so it syncs every
+/// megabyte: tens of megabytes of dirty pages would make the WAL's next `fdatasync` (and every
+/// acknowledgement waiting on it) wait for their writeback.
 fn prepare_segment(path: &Path, len: u64) -> io::Result<()> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
         .open(path)?;
-    zero_fill(&file, 0, len)?;
+    zero_fill(&file, 0, len, true)?;
     file.sync_all()
 }
 
-/// Writes zeros over `[from, to)` of `file`.
-fn zero_fill(file: &File, from: u64, to: u64) -> io::Result<()> {
+/// Writes zeros over `[from, to)` of `file`, 1 MiB at a time; with `sync_each`, syncs the data
+/// after every megabyte.
+fn zero_fill(file: &File, from: u64, to: u64, sync_each: bool) -> io::Result<()> {
     let chunk = vec![0u8; 1 << 20];
     let mut at = from;
     while at < to {
@@ -700,6 +703,9 @@ fn zero_fill(file: &File, from: u64, to: u64) -> io::Result<()> {
             .min(usize::try_from(to - at).unwrap_or(chunk.len()));
         file.write_all_at(&chunk[..n], at)?;
         at += n as u64;
+        if sync_each {
+            file.sync_data()?;
+        }
     }
     Ok(())
 }
@@ -709,7 +715,7 @@ fn zero_fill(file: &File, from: u64, to: u64) -> io::Result<()> {
 fn preallocate_active(seg: &ActiveSegment, segment_bytes: u64) -> io::Result<()> {
     let file_len = seg.file.metadata()?.len();
     if file_len < segment_bytes {
-        zero_fill(&seg.file, file_len.max(seg.len), segment_bytes)?;
+        zero_fill(&seg.file, file_len.max(seg.len), segment_bytes, false)?;
         seg.file.sync_all()?;
     }
     Ok(())
