@@ -91,25 +91,26 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format.
-    pub fn prometheus(&self, extra: &[(&str, u64)]) -> String {
+    /// `extra`: (name, Prometheus type, value) read at scrape time.
+    pub fn prometheus(&self, extra: &[(&str, &str, u64)]) -> String {
         let mut out = String::new();
         for (name, kind, help, v) in self.pairs() {
             out.push_str(&format!(
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
             ));
         }
-        for (name, v) in extra {
-            out.push_str(&format!("# TYPE {name} gauge\n{name} {v}\n"));
+        for (name, kind, v) in extra {
+            out.push_str(&format!("# TYPE {name} {kind}\n{name} {v}\n"));
         }
         out
     }
 
-    pub fn json(&self, extra: &[(&str, u64)]) -> serde_json::Value {
+    pub fn json(&self, extra: &[(&str, &str, u64)]) -> serde_json::Value {
         let mut m = serde_json::Map::new();
         for (name, _, _, v) in self.pairs() {
             m.insert(name.trim_start_matches("ursula_").to_owned(), v.into());
         }
-        for (name, v) in extra {
+        for (name, _, v) in extra {
             m.insert(name.trim_start_matches("ursula_").to_owned(), (*v).into());
         }
         serde_json::Value::Object(m)

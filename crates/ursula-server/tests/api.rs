@@ -1583,3 +1583,43 @@ fn json_long_poll_returns_arrays() {
     assert!(r.body.is_empty());
     assert_eq!(r.next_offset(), tail + 16);
 }
+
+#[test]
+fn health_and_metrics_report_what_happened() {
+    let s = Server::start();
+    let h = get_ok(&s, "/__ursula/health");
+    assert_eq!(h.json()["status"], "ok");
+
+    assert_status(&s.put("/opsb/m", "text/plain", b""), 201);
+    let before = s.metrics();
+    for _ in 0..5 {
+        assert_status(&s.post("/opsb/m", "text/plain", b"12345"), 204);
+    }
+    let m = s.metrics();
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("metric {k}: {v}"));
+    assert_eq!(n(&m, "appends_total") - n(&before, "appends_total"), 5);
+    assert_eq!(
+        n(&m, "appended_bytes_total") - n(&before, "appended_bytes_total"),
+        25
+    );
+    assert_eq!(n(&m, "streams"), 1);
+    assert_eq!(n(&m, "raft_groups"), 4);
+    // Every acknowledged append was synced; concurrent ones may share a sync.
+    assert!(n(&m, "wal_syncs_total") > n(&before, "wal_syncs_total"));
+    assert!(n(&m, "wal_disk_bytes") > 0);
+    assert_eq!(n(&m, "live_waiters"), 0);
+
+    let p = get_ok(&s, "/__ursula/metrics/prometheus");
+    let text = p.text();
+    for line in [
+        "# TYPE ursula_appends_total counter",
+        "# TYPE ursula_wal_syncs_total counter",
+        "# TYPE ursula_streams gauge",
+        "ursula_streams 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+}

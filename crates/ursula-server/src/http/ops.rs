@@ -17,9 +17,15 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
         .sum();
     let watched = app.watchers.watched_streams() as u64;
     let extra = [
-        ("ursula_streams", streams),
-        ("ursula_raft_groups", groups),
-        ("ursula_live_watched_streams", watched),
+        ("ursula_streams", "gauge", streams),
+        ("ursula_raft_groups", "gauge", groups),
+        ("ursula_live_watched_streams", "gauge", watched),
+        (
+            "ursula_wal_syncs_total",
+            "counter",
+            app.node.wal_sync_count(),
+        ),
+        ("ursula_wal_disk_bytes", "gauge", app.node.wal_disk_bytes()),
     ];
     let (body, ct) = match path.as_slice() {
         ["metrics"] => (app.metrics.json(&extra).to_string(), "application/json"),
