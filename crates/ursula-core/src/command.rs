@@ -84,7 +84,7 @@ pub enum Affects<'a> {
     Nothing,
     /// At most this stream changes.
     Stream(&'a StreamKey),
-    /// Any number of streams may change (bucket purges, fork clean-up cascades).
+    /// Any number of streams may change (bucket purges).
     Everything,
 }
 
@@ -96,18 +96,21 @@ impl Op {
         match self {
             Op::Create(r) => Affects::Stream(&r.key),
             Op::Append(r) => Affects::Stream(&r.key),
-            Op::Delete { key, .. }
+            Op::PublishSnapshot(r) => Affects::Stream(&r.key),
+            // A pin may lapse an expired source; an unpin may remove a soft-deleted one (the
+            // cascade up a fork chain goes through further `Unpin`s).
+            Op::Pin(r) => Affects::Stream(&r.source),
+            Op::Unpin { key, .. }
+            | Op::Delete { key, .. }
             | Op::Touch { key, .. }
             | Op::Expire { key, .. }
-            | Op::Retain { key, .. } => Affects::Stream(key),
-            Op::Unpin { .. } | Op::PurgeBucket { .. } => Affects::Everything,
+            | Op::Retain { key, .. }
+            | Op::DeleteSnapshot { key, .. } => Affects::Stream(key),
+            Op::PurgeBucket { .. } => Affects::Everything,
             Op::CreateBucket { .. }
             | Op::DeleteBucket { .. }
-            | Op::Pin(_)
             | Op::OutboxDone { .. }
-            | Op::Noop
-            | Op::PublishSnapshot(_)
-            | Op::DeleteSnapshot { .. } => Affects::Nothing,
+            | Op::Noop => Affects::Nothing,
         }
     }
 

@@ -146,8 +146,8 @@ impl StreamState {
     }
 
     /// Appends own bytes of `[start, end)` to `out`; the caller guarantees
-    /// `data_start <= start <= end <= tail` (see [`StreamState::holds`]). Anything else appends
-    /// nothing.
+    /// `data_start <= start <= end <= tail` (see [`StreamState::holds`]). Outside that: a
+    /// `start` below `data_start` appends nothing, an `end` past the tail is clamped.
     pub fn copy_own_bytes(&self, start: u64, end: u64, out: &mut Vec<u8>) {
         let (Some(lo), Some(hi)) = (
             start.checked_sub(self.data_start),

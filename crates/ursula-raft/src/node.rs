@@ -747,17 +747,26 @@ fn segment_starts(dir: &Path) -> Vec<Lsn> {
 impl Upkeep {
     async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut last_trigger: Vec<Option<Instant>> = vec![None; self.groups.len()];
+        let mut round = 0usize;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(UPKEEP_INTERVAL) => {}
                 _ = self.purged.notified() => {}
                 _ = stop.changed() => break,
             }
-            self.pass(&mut last_trigger).await;
+            self.pass(&mut last_trigger, round).await;
+            round = round.wrapping_add(1);
         }
     }
 
-    async fn pass(&self, last_trigger: &mut [Option<Instant>]) {
+    /// Groups in the order pass `round` considers them: a different first group each pass, so
+    /// the one snapshot a pass may trigger is not always offered to the same groups first.
+    fn rotated(&self, round: usize) -> impl Iterator<Item = usize> + use<> {
+        let n = self.groups.len().max(1);
+        (0..self.groups.len()).map(move |k| (k + round) % n)
+    }
+
+    async fn pass(&self, last_trigger: &mut [Option<Instant>], round: usize) {
         // Every record at or below `durable` has had its bookkeeping done, so records above it
         // are never below a pin we fail to see.
         let durable = self.head.load(Ordering::SeqCst);
@@ -804,7 +813,8 @@ impl Upkeep {
         let mut triggered = false;
         if let Some(&target) = starts.get(1) {
             let wal_bytes = self.wal.disk_bytes();
-            for (i, (_, log, snapshots)) in self.groups.iter().enumerate() {
+            for i in self.rotated(round) {
+                let (_, log, snapshots) = &self.groups[i];
                 if log.pin().is_some_and(|p| p < target) {
                     log.rewrite_markers_below(target);
                     if !triggered
@@ -818,7 +828,8 @@ impl Upkeep {
                 }
             }
         }
-        for (i, (raft, log, snapshots)) in self.groups.iter().enumerate() {
+        for i in self.rotated(round) {
+            let (raft, log, snapshots) = &self.groups[i];
             if triggered {
                 break;
             }
@@ -870,6 +881,7 @@ impl Upkeep {
         tracing::debug!(group = i, why, "triggering a snapshot");
         if let Err(e) = raft.trigger().snapshot().await {
             tracing::warn!(group = i, error = %e, "triggering a snapshot failed");
+            return false;
         }
         true
     }

@@ -58,7 +58,7 @@ impl Watchers {
                 watchers: Arc::clone(self),
                 group,
                 key: key.clone(),
-                rx: watch::channel(0).1,
+                rx: Some(watch::channel(0).1),
                 everything: watch::channel(0).1,
                 registered: false,
             };
@@ -79,7 +79,7 @@ impl Watchers {
             watchers: Arc::clone(self),
             group,
             key: key.clone(),
-            rx,
+            rx: Some(rx),
             everything: shard.everything.subscribe(),
             registered: true,
         }
@@ -122,7 +122,8 @@ pub struct StreamWatch {
     watchers: Arc<Watchers>,
     group: u32,
     key: StreamKey,
-    rx: watch::Receiver<u64>,
+    /// `None` only while being dropped (it is released under the shard lock).
+    rx: Option<watch::Receiver<u64>>,
     everything: watch::Receiver<u64>,
     registered: bool,
 }
@@ -131,8 +132,11 @@ impl StreamWatch {
     /// Waits until the stream may have changed since registration or the previous call.
     /// Cancel-safe.
     pub async fn changed(&mut self) {
+        let Some(rx) = self.rx.as_mut() else {
+            return std::future::pending().await;
+        };
         tokio::select! {
-            r = self.rx.changed() => {
+            r = rx.changed() => {
                 if r.is_err() {
                     std::future::pending::<()>().await;
                 }
@@ -156,10 +160,12 @@ impl Drop for StreamWatch {
         };
         let mut streams = Watchers::lock(shard);
         shard.watching.fetch_sub(1, Ordering::SeqCst);
-        // Our own receiver still counts: 1 means nobody else watches this stream.
+        // Release our receiver under the lock, so that of two readers leaving at once the
+        // second always sees the first gone, and the last one removes the entry.
+        drop(self.rx.take());
         if streams
             .get(&self.key)
-            .is_some_and(|tx| tx.receiver_count() <= 1)
+            .is_some_and(|tx| tx.receiver_count() == 0)
         {
             streams.remove(&self.key);
         }
@@ -214,6 +220,15 @@ mod tests {
         drop(w2);
         assert_eq!(ws.watched_streams(), 0);
         assert!(!ws.wanted(0));
+        // Readers of one stream leaving at the same moment on different threads.
+        for _ in 0..200 {
+            let a1 = ws.watch(0, &a);
+            let a2 = ws.watch(0, &a);
+            let t = std::thread::spawn(move || drop(a1));
+            drop(a2);
+            t.join().unwrap();
+        }
+        assert_eq!(ws.watched_streams(), 0, "an entry outlived its readers");
         // Unknown group: never fires, never panics.
         let mut w = ws.watch(7, &a);
         assert!(!fires(&mut w).await);
