@@ -33,28 +33,33 @@ pub fn stream_names(kind: &str, run: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{kind}-{run}-{i}")).collect()
 }
 
-/// Create every stream, spreading the PUTs over `connections` connections.
-/// A transport failure is an error; a non-2xx answer is returned as a count.
-pub async fn create_streams(
+/// Runs `work` once per stream, spreading the streams over `connections` connections (one
+/// task and one keep-alive connection each; connection `c` takes streams `c, c + n, ...`).
+/// `work` gets the connection back and forth and returns how many requests were rejected
+/// (non-2xx); a transport failure is an error. Returns the total rejected.
+pub async fn per_connection<F, Fut>(
     ep: &Arc<Endpoint>,
     uris: &[Uri],
-    content_type: &HeaderValue,
     connections: usize,
-) -> Result<u64> {
+    work: F,
+) -> Result<u64>
+where
+    F: Fn(Conn, Uri) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(Conn, u64)>> + Send,
+{
     let connections = connections.clamp(1, uris.len().max(1));
     let uris: Arc<[Uri]> = uris.into();
     let mut tasks = Vec::with_capacity(connections);
     for c in 0..connections {
-        let ep = ep.clone();
+        let mut conn = Conn::new(ep.clone());
         let uris = uris.clone();
-        let ct = content_type.clone();
+        let work = work.clone();
         tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::new(ep);
             let mut rejected = 0u64;
             for uri in uris.iter().skip(c).step_by(connections) {
-                if !create_stream(&mut conn, uri, &ct).await?.is_success() {
-                    rejected += 1;
-                }
+                let (back, r) = work(conn, uri.clone()).await?;
+                conn = back;
+                rejected += r;
             }
             Ok::<u64, anyhow::Error>(rejected)
         }));
@@ -64,6 +69,25 @@ pub async fn create_streams(
         rejected += t.await??;
     }
     Ok(rejected)
+}
+
+/// Create every stream, spreading the PUTs over `connections` connections.
+/// A transport failure is an error; a non-2xx answer is returned as a count.
+pub async fn create_streams(
+    ep: &Arc<Endpoint>,
+    uris: &[Uri],
+    content_type: &HeaderValue,
+    connections: usize,
+) -> Result<u64> {
+    let ct = content_type.clone();
+    per_connection(ep, uris, connections, move |mut conn, uri| {
+        let ct = ct.clone();
+        async move {
+            let ok = create_stream(&mut conn, &uri, &ct).await?.is_success();
+            Ok((conn, u64::from(!ok)))
+        }
+    })
+    .await
 }
 
 /// Requests count when they start after warm-up and finish before the end.

@@ -151,44 +151,32 @@ pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
 
 /// Fill each stream; returns how many appends were rejected.
 async fn prefill(ep: &Arc<Endpoint>, uris: &[http::Uri], args: &ReadArgs) -> Result<u64> {
-    let conns = args.connections.clamp(1, uris.len());
-    let uris: Arc<[http::Uri]> = uris.into();
     let chunk = Bytes::from(
         (0..args.chunk_size)
             .map(|i| b'a' + (i % 26) as u8)
             .collect::<Vec<_>>(),
     );
-    let mut tasks = Vec::new();
-    for c in 0..conns {
-        let ep = ep.clone();
-        let uris = uris.clone();
-        let chunk = chunk.clone();
-        let total = args.stream_bytes;
-        tasks.push(tokio::spawn(async move {
-            let mut conn = Conn::new(ep.clone());
+    let total = args.stream_bytes;
+    let ep2 = ep.clone();
+    super::per_connection(ep, uris, args.connections, move |mut conn, uri| {
+        let (ep, chunk) = (ep2.clone(), chunk.clone());
+        async move {
             let mut rejected = 0u64;
-            for uri in uris.iter().skip(c).step_by(conns) {
-                let mut left = total;
-                while left > 0 {
-                    let n = left.min(chunk.len());
-                    left -= n;
-                    let req =
-                        ep.with_type(Method::POST, uri.clone(), &OCTET_STREAM, chunk.slice(..n));
-                    let (parts, _) =
-                        tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await??;
-                    if !parts.status.is_success() {
-                        rejected += 1;
-                    }
+            let mut left = total;
+            while left > 0 {
+                let n = left.min(chunk.len());
+                left -= n;
+                let req = ep.with_type(Method::POST, uri.clone(), &OCTET_STREAM, chunk.slice(..n));
+                let (parts, _) =
+                    tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await??;
+                if !parts.status.is_success() {
+                    rejected += 1;
                 }
             }
-            Ok::<u64, anyhow::Error>(rejected)
-        }));
-    }
-    let mut rejected = 0;
-    for t in tasks {
-        rejected += t.await??;
-    }
-    Ok(rejected)
+            Ok((conn, rejected))
+        }
+    })
+    .await
 }
 
 async fn read_loop(
