@@ -172,7 +172,13 @@ fn recover(cfg: &NodeConfig) -> Result<Recovered, RaftError> {
         sync_dir(data)?;
     }
 
-    let (wal, records) = Wal::open(&wal_dir, cfg.wal.clone())?;
+    let mut wal_opts = cfg.wal.clone();
+    if wal_opts.deliver_on.is_none() {
+        // Completions wake Raft tasks: deliver each synced batch with one wake-up of the
+        // runtime instead of one per group (see `WalOptions::deliver_on`).
+        wal_opts.deliver_on = tokio::runtime::Handle::try_current().ok();
+    }
+    let (wal, records) = Wal::open(&wal_dir, wal_opts)?;
     let mut logs: Vec<(LogInner, Marks)> =
         (0..cfg.group_count).map(|_| Default::default()).collect();
     let mut head = 0;

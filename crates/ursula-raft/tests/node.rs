@@ -19,6 +19,7 @@ fn config(dir: &Path, groups: u32, fsync: bool) -> NodeConfig {
         wal: WalOptions {
             segment_bytes: 64 << 20,
             fsync,
+            ..Default::default()
         },
         snapshot_logs: 20_000,
         listener: None,
@@ -278,6 +279,7 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
         wal: WalOptions {
             segment_bytes: segment,
             fsync: false,
+            ..Default::default()
         },
         snapshot_logs: 20,
         listener: None,
@@ -440,6 +442,7 @@ async fn repeated_crashes_and_restarts_with_snapshots() {
         wal: WalOptions {
             segment_bytes: 16 << 10,
             fsync: false,
+            ..Default::default()
         },
         snapshot_logs: 10,
         listener: None,

@@ -39,6 +39,15 @@ pub struct WalOptions {
     pub segment_bytes: u64,
     /// Whether to `fdatasync` data and `fsync` directories. Default `true`; `false` only for tests.
     pub fsync: bool,
+    /// Where completion callbacks run. `None` (the default): on the writer thread, one after
+    /// another. `Some(runtime)`: the writer hands each committed batch to one task on that
+    /// runtime, which runs the batch's callbacks in order.
+    ///
+    /// Callbacks that wake async tasks should use a runtime: each wake from the writer thread
+    /// can unpark an idle runtime (a syscall and, on a busy core, a switch to the woken thread
+    /// before the writer gets to the next callback), once per callback. Handing over the batch
+    /// wakes the runtime once per sync, and the writer is free to take the next batch.
+    pub deliver_on: Option<tokio::runtime::Handle>,
 }
 
 impl Default for WalOptions {
@@ -46,6 +55,7 @@ impl Default for WalOptions {
         WalOptions {
             segment_bytes: 64 << 20,
             fsync: true,
+            deliver_on: None,
         }
     }
 }
@@ -129,6 +139,9 @@ fn deliver(done: Done, result: Result<Lsn, WalError>) {
         }
     }
 }
+
+/// A synced batch's requests with their results, handed to `deliver_batches`.
+type CommittedBatch = Vec<(Completion, Result<Lsn, WalError>)>;
 
 enum Msg {
     Append {
@@ -280,6 +293,11 @@ impl Wal {
             gate: Mutex::new(()),
         });
         let (tx, rx) = mpsc::channel();
+        let deliver = opts.deliver_on.as_ref().map(|rt| {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            rt.spawn(deliver_batches(rx));
+            tx
+        });
         let writer = Writer {
             shared: Arc::clone(&shared),
             rx,
@@ -288,6 +306,7 @@ impl Wal {
             next_lsn,
             buf: Vec::with_capacity(INITIAL_BUF_CAPACITY),
             pending: Vec::with_capacity(256),
+            deliver,
             poisoned: None,
             next_segment: None,
             _lock: lock,
@@ -443,6 +462,8 @@ struct Writer {
     buf: Vec<u8>,
     /// Requests of the current batch with the LSN of their last record.
     pending: Vec<(Completion, Lsn)>,
+    /// Committed batches go here when completions run on a runtime (`WalOptions::deliver_on`).
+    deliver: Option<tokio::sync::mpsc::UnboundedSender<CommittedBatch>>,
     poisoned: Option<String>,
     /// A zero-filled file being prepared for the next segment (see `prepare_segment`).
     next_segment: Option<JoinHandle<io::Result<PathBuf>>>,
@@ -603,15 +624,24 @@ impl Writer {
         {
             self.fail(&e);
         }
-        if let Some(reason) = &self.poisoned {
+        if self.poisoned.is_some() {
             self.buf.clear();
-            for (done, _) in self.pending.drain(..) {
-                done.complete(Err(WalError::Poisoned(reason.clone())));
+        }
+        let poisoned = &self.poisoned;
+        let results = self.pending.drain(..).map(|(done, lsn)| {
+            let res = match poisoned {
+                Some(reason) => Err(WalError::Poisoned(reason.clone())),
+                None => Ok(lsn),
+            };
+            (done, res)
+        });
+        match &self.deliver {
+            Some(tx) => {
+                // If the runtime is gone, the batch is dropped and each request completes
+                // with `Closed`.
+                let _ = tx.send(results.collect());
             }
-        } else {
-            for (done, lsn) in self.pending.drain(..) {
-                done.complete(Ok(lsn));
-            }
+            None => results.for_each(|(done, res)| done.complete(res)),
         }
         if self.buf.capacity() > MAX_RETAINED_BUF_CAPACITY {
             self.buf = Vec::with_capacity(INITIAL_BUF_CAPACITY);
@@ -622,6 +652,16 @@ impl Writer {
         tracing::error!(error = %e, path = %self.active.path.display(), "wal write failed; refusing further appends");
         self.poisoned = Some(format!("{}: {e}", self.active.path.display()));
         self.buf.clear();
+    }
+}
+
+/// Runs committed batches' completions, in commit order, on the runtime given in
+/// `WalOptions::deliver_on`. Ends when the writer exits.
+async fn deliver_batches(mut rx: tokio::sync::mpsc::UnboundedReceiver<CommittedBatch>) {
+    while let Some(batch) = rx.recv().await {
+        for (done, res) in batch {
+            done.complete(res);
+        }
     }
 }
 

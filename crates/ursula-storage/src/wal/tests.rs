@@ -9,6 +9,7 @@ fn test_opts(segment_bytes: u64) -> WalOptions {
     WalOptions {
         segment_bytes,
         fsync: false,
+        ..Default::default()
     }
 }
 
@@ -258,6 +259,7 @@ fn preallocated_segments_keep_appending_after_reopen() {
     let opts = || WalOptions {
         segment_bytes: 64 * 1024,
         fsync: true,
+        ..Default::default()
     };
     let (wal, _) = Wal::open(dir, opts()).unwrap();
     let mut written = Vec::new();
@@ -518,6 +520,7 @@ async fn concurrent_appends_share_fsyncs() {
         WalOptions {
             segment_bytes: 1 << 20,
             fsync: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -816,4 +819,50 @@ fn remove_segments_concurrently_with_appends() {
     let (_wal, recs) = reopen(dir, 256).unwrap();
     assert_eq!(recs.last().map(|(l, _)| *l), Some(300));
     assert_eq!(recs.first().map(|(l, _)| *l), Some(301 - recs.len() as u64));
+}
+
+#[test]
+fn completions_run_on_the_given_runtime_in_commit_order() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("deliver-rt")
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (wal, _) = Wal::open(
+        tmp.path(),
+        WalOptions {
+            deliver_on: Some(rt.handle().clone()),
+            ..test_opts(1 << 20)
+        },
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..300u64 {
+        let tx = tx.clone();
+        wal.append_with(
+            vec![numbered(i, 16)],
+            Box::new(move |r| {
+                let thread = thread::current().name().map(str::to_owned);
+                let _ = tx.send((r.unwrap(), thread));
+            }),
+        );
+    }
+    let got: Vec<(Lsn, Option<String>)> = (0..300)
+        .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    let lsns: Vec<Lsn> = got.iter().map(|(l, _)| *l).collect();
+    assert_eq!(
+        lsns,
+        (1..=300).collect::<Vec<_>>(),
+        "completed out of order"
+    );
+    for (_, thread) in &got {
+        assert_eq!(thread.as_deref(), Some("deliver-rt"));
+    }
+
+    // Once the runtime is gone, appends still complete (with an error), never hang.
+    drop(rt);
+    let res = append_blocking(&wal, vec![numbered(301, 16)]);
+    assert!(matches!(res, Err(WalError::Closed)), "{res:?}");
 }
