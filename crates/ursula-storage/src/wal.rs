@@ -627,6 +627,7 @@ impl Writer {
         if self.poisoned.is_some() {
             self.buf.clear();
         }
+        let empty = self.pending.is_empty();
         let poisoned = &self.poisoned;
         let results = self.pending.drain(..).map(|(done, lsn)| {
             let res = match poisoned {
@@ -636,11 +637,12 @@ impl Writer {
             (done, res)
         });
         match &self.deliver {
-            Some(tx) => {
+            Some(tx) if !empty => {
                 // If the runtime is gone, the batch is dropped and each request completes
                 // with `Closed`.
                 let _ = tx.send(results.collect());
             }
+            Some(_) => {} // nothing to hand over: don't wake the runtime
             None => results.for_each(|(done, res)| done.complete(res)),
         }
         if self.buf.capacity() > MAX_RETAINED_BUF_CAPACITY {
