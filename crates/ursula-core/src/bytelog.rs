@@ -6,9 +6,15 @@
 //! whole remainder. Here full chunks never move: an append copies only its own bytes, and
 //! retention frees whole chunks. A small stream stays one small, exactly grown buffer, so an
 //! idle stream costs no more than before.
+//!
+//! Chunks are shared (`Arc`), so cloning a log costs one reference count per chunk, not a
+//! copy of its bytes: a Raft snapshot clones the group state on the state-machine task and
+//! encodes it elsewhere while appends go on. An append to a last chunk that a clone still
+//! shares copies that chunk first (at most [`CHUNK_BYTES`]).
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::ser::Serializer;
@@ -22,7 +28,7 @@ pub const CHUNK_BYTES: usize = 64 * 1024;
 pub struct ByteLog {
     /// Every chunk but the last holds exactly [`CHUNK_BYTES`]; the first `skip` bytes of the
     /// first chunk were dropped.
-    chunks: VecDeque<Vec<u8>>,
+    chunks: VecDeque<Arc<Vec<u8>>>,
     skip: usize,
     len: usize,
 }
@@ -51,12 +57,14 @@ impl ByteLog {
                 if self.chunks.is_empty() {
                     self.chunks.reserve_exact(1);
                 }
-                self.chunks.push_back(Vec::new());
+                self.chunks.push_back(Arc::new(Vec::new()));
             }
             let only = self.chunks.len() == 1;
             let Some(last) = self.chunks.back_mut() else {
                 return; // unreachable: a chunk with room was just ensured
             };
+            // Copies the chunk only if a clone (a snapshot being encoded) still shares it.
+            let last = Arc::make_mut(last);
             let n = (CHUNK_BYTES - last.len()).min(bytes.len());
             if last.capacity() - last.len() < n {
                 // The first chunk grows by doubling (small streams stay small); later chunks
@@ -95,6 +103,7 @@ impl ByteLog {
             // A lone chunk is the whole log: compact it so a trimmed small stream gives its
             // memory back (positions stay consistent: it is chunk 0 either way).
             if let Some(c) = self.chunks.front_mut() {
+                let c = Arc::make_mut(c);
                 c.drain(..self.skip);
                 c.shrink_to_fit();
             }
@@ -135,7 +144,7 @@ impl ByteLog {
             let chunks = if v.is_empty() {
                 VecDeque::new()
             } else {
-                VecDeque::from([v])
+                VecDeque::from([Arc::new(v)])
             };
             return ByteLog {
                 chunks,
@@ -273,6 +282,34 @@ mod tests {
         log.copy_into(lo, hi, &mut out);
         assert_eq!(out, &data[lo..hi]);
         assert_eq!(log.slices(lo, hi).count(), 3);
+    }
+
+    #[test]
+    fn a_clone_shares_chunks_and_keeps_its_bytes_while_the_original_changes() {
+        let data: Vec<u8> = (0..3 * CHUNK_BYTES + 100)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut a = ByteLog::new();
+        a.push(&data);
+        let b = a.clone();
+        assert!(
+            Arc::ptr_eq(&a.chunks[0], &b.chunks[0]),
+            "full chunks are shared"
+        );
+        a.push(b"more");
+        a.drop_front(CHUNK_BYTES + 5);
+        assert_eq!(b.to_vec(), data);
+        let mut want = data[CHUNK_BYTES + 5..].to_vec();
+        want.extend_from_slice(b"more");
+        assert_eq!(a.to_vec(), want);
+
+        // A small log (one shared chunk) compacted by retention.
+        let mut small = ByteLog::from_vec(b"hello world".to_vec());
+        let snap = small.clone();
+        small.drop_front(6);
+        small.push(b"!");
+        assert_eq!(small.to_vec(), b"world!");
+        assert_eq!(snap.to_vec(), b"hello world");
     }
 
     #[test]

@@ -279,18 +279,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        // Encode here, on the state machine task: the view is consistent with `last_applied`
-        // and no apply runs meanwhile. Writing the file happens in `build_snapshot`.
+        // Take the view here, on the state machine task: it is consistent with `last_applied`
+        // and no apply runs meanwhile. Cloning shares every stream's bytes (`ByteLog` chunks),
+        // so it costs about the metadata; encoding and writing the file happen in
+        // `build_snapshot`, on a blocking thread, while this group goes on applying.
         let header = self.header(snapshot_id(self.group, self.last_applied));
-        let payload = {
-            let state = self.state.read().unwrap_or_else(|e| e.into_inner());
-            state
-                .encode()
-                .and_then(|bytes| codec::encode_snapshot(&header, &bytes))
-        };
+        let state = self.state.read().unwrap_or_else(|e| e.into_inner()).clone();
         SnapshotBuilder {
             meta: meta_of(&header),
-            payload: Some(payload),
+            pending: Some((header, state)),
             snapshots: Arc::clone(&self.snapshots),
         }
     }
@@ -352,27 +349,30 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
-/// Writes a snapshot encoded by [`StateMachine::get_snapshot_builder`].
+/// Encodes and writes the state taken by [`StateMachine::get_snapshot_builder`].
 pub struct SnapshotBuilder {
     meta: SnapshotMeta,
-    payload: Option<Result<Vec<u8>, String>>,
+    /// The file header and the state as of `meta.last_log_id`, until built.
+    pending: Option<(SnapshotHeader, GroupState)>,
     snapshots: Arc<SnapshotStore>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let payload = self
-            .payload
+        let (header, state) = self
+            .pending
             .take()
-            .unwrap_or_else(|| Err("snapshot already built".into()))
-            .map_err(|e| snapshot_error(Some(&self.meta), e))?;
+            .ok_or_else(|| snapshot_error(Some(&self.meta), "snapshot already built"))?;
         let store = Arc::clone(&self.snapshots);
         let last = self.meta.last_log_id;
-        let payload =
-            tokio::task::spawn_blocking(move || store.write(last, &payload).map(|()| payload))
-                .await
-                .map_err(|e| snapshot_error(Some(&self.meta), e))?
-                .map_err(|e| snapshot_error(Some(&self.meta), e))?;
+        let payload = tokio::task::spawn_blocking(move || {
+            let payload = codec::encode_snapshot_of(&header, &state)?;
+            drop(state);
+            store.write(last, &payload).map(|()| payload)
+        })
+        .await
+        .map_err(|e| snapshot_error(Some(&self.meta), e))?
+        .map_err(|e| snapshot_error(Some(&self.meta), e))?;
         tracing::info!(
             group = self.snapshots.group,
             last = ?self.meta.last_log_id,
