@@ -4,6 +4,7 @@ mod app;
 mod config;
 mod http;
 mod metrics;
+mod parse_errors;
 mod server;
 mod watchers;
 

@@ -1,6 +1,7 @@
 //! The HTTP/1.1 listener: connection timeouts and graceful shutdown.
 
 use crate::app::App;
+use crate::parse_errors::JsonParseErrors;
 use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -48,7 +49,7 @@ pub async fn run<H, F>(
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(true)
-            .serve_connection(TokioIo::new(stream), svc);
+            .serve_connection(TokioIo::new(JsonParseErrors::new(stream)), svc);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

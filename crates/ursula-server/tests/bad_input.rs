@@ -3,10 +3,8 @@
 //! data written before is byte-identical.
 //!
 //! Answers produced by the HTTP library before any route runs (unparseable request lines
-//! and header sections) must still be 4xx or a closed connection; their bodies are held to
-//! the JSON shape when non-empty. An empty library body is reported as a note (errors.md §1
-//! requires the JSON body only where the library lets the server intercept it); set
-//! `URSULA_STRICT_HTTP_LAYER=1` to turn those notes into failures.
+//! and header sections) must be a 4xx with the JSON error body too (the server replaces
+//! hyper's empty body, OQ-32), or a closed connection where no answer can be written.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
@@ -87,19 +85,16 @@ fn send_raw(addr: SocketAddr, raw: &[u8], timeout: Duration, head_only: bool) ->
 
 struct Report {
     failures: Vec<String>,
-    notes: Vec<String>,
 }
 
 impl Report {
     fn new() -> Report {
         Report {
             failures: Vec::new(),
-            notes: Vec::new(),
         }
     }
 
     fn judge(&mut self, name: &str, expect: Expect, outcome: Outcome) {
-        let strict_layer = std::env::var("URSULA_STRICT_HTTP_LAYER").is_ok_and(|v| v == "1");
         match (expect, outcome) {
             (Expect::HttpLayer, Outcome::Closed(_)) => {}
             (_, Outcome::Closed(why)) => {
@@ -141,15 +136,10 @@ impl Report {
                     }
                     Expect::HttpLayer => {
                         if r.body.is_empty() {
-                            let note = format!(
+                            self.failures.push(format!(
                                 "{name}: HTTP-layer {} {} with an empty body (not the JSON error shape)",
                                 r.status, r.reason
-                            );
-                            if strict_layer {
-                                self.failures.push(note);
-                            } else {
-                                self.notes.push(note);
-                            }
+                            ));
                         } else if let Err(e) = check_error_body(&r) {
                             self.failures.push(format!("{name}: {e}"));
                         }
@@ -160,9 +150,6 @@ impl Report {
     }
 
     fn finish(self) {
-        for n in &self.notes {
-            eprintln!("NOTE {n}");
-        }
         assert!(
             self.failures.is_empty(),
             "{} malformed request(s) were not rejected properly:\n{}",

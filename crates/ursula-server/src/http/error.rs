@@ -89,13 +89,16 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
-/// Renders `{"error":{"code":...,"message":...}}` with the header facts.
+/// The JSON error body: `{"error":{"code":...,"message":...}}`.
+pub fn error_body(code: ErrorCode, message: &str) -> String {
+    serde_json::json!({ "error": { "code": code.as_str(), "message": message } }).to_string()
+}
+
+/// Renders the JSON error body with the header facts.
 pub fn render(err: ApiError) -> Response<Body> {
     let status = status_of(err.rejection.code);
-    let body = serde_json::json!({
-        "error": { "code": err.rejection.code.as_str(), "message": err.rejection.message }
-    });
-    let mut resp = Response::new(Body::from(body.to_string()));
+    let body = error_body(err.rejection.code, &err.rejection.message);
+    let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = status;
     let hm = resp.headers_mut();
     hm.insert(
