@@ -272,7 +272,8 @@ impl GroupLog {
         self.lock().bytes
     }
 
-    /// Submits records; `on_done` runs on the WAL writer thread with the result, after which the
+    /// Submits records; `on_done` runs with the result (on the runtime's WAL completion task,
+    /// see `WalOptions::deliver_on`, or on the WAL writer thread), after which the
     /// node-wide durable head advances. Must be called with the group lock held when ordering
     /// against other writes of the group matters.
     fn submit(

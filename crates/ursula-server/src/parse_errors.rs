@@ -7,13 +7,21 @@
 //! (spec/open-questions.md OQ-32, errors.md §2.1).
 //!
 //! [`JsonParseErrors`] sits between hyper and the socket and recognises that canned answer in
-//! what hyper writes. No route of ours produces it: every error a route renders carries a JSON
-//! body, so its `content-length` is never 0. The same head goes out with a
-//! `content-type: application/json` body carrying the matching code. Everything else passes
-//! through untouched; the check costs one prefix comparison per write.
+//! what hyper writes; the same head goes out with our common headers and a JSON body carrying
+//! the matching code. Two guards keep it from touching anything else:
+//! - it only looks at writes while the connection is *armed*: bytes were read since the
+//!   service last took a request ([`Armed`]). hyper answers a parse error in exactly that
+//!   state; a route's response (and so any stream bytes in its body) is written after the
+//!   service took its request;
+//! - the write must be exactly hyper's answer and nothing else, in one buffer: one of its
+//!   three status lines, then `connection: close`, `content-length: 0` and a `date`.
+//!
+//! Everything else passes through untouched; the check costs a flag load per write.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -21,72 +29,95 @@ use ursula_core::ErrorCode;
 
 use crate::http::error::error_body;
 
-/// The header lines that mark hyper's own error answer (in the order hyper writes them).
-const CANNED_MARK: &[u8] = b"\r\nconnection: close\r\ncontent-length: 0\r\n";
+/// The status lines hyper answers unparseable requests with, and our code for each.
+const CANNED: [(&[u8], ErrorCode, &str); 3] = [
+    (
+        b"HTTP/1.1 400 Bad Request",
+        ErrorCode::MALFORMED_REQUEST,
+        "the request line or header section could not be parsed",
+    ),
+    (
+        b"HTTP/1.1 414 URI Too Long",
+        ErrorCode::URI_TOO_LONG,
+        "the request target is longer than this server accepts",
+    ),
+    (
+        b"HTTP/1.1 431 Request Header Fields Too Large",
+        ErrorCode::HEADERS_TOO_LARGE,
+        "the request's header section is larger than this server accepts",
+    ),
+];
+/// What follows the status line in hyper's answer, up to the date's value.
+const CANNED_HEADERS: &[u8] = b"\r\nconnection: close\r\ncontent-length: 0\r\ndate: ";
+/// An HTTP date (`Mon, 30 Nov 2026 11:23:19 GMT`) is always this long.
+const HTTP_DATE_LEN: usize = 29;
+
+/// Whether bytes were read since the service last took a request: the one state in which
+/// hyper answers a request it could not parse. Shared by a connection's stream and its service.
+#[derive(Clone, Debug, Default)]
+pub struct Armed(Arc<AtomicBool>);
+
+impl Armed {
+    /// Called by the service when it takes a request.
+    pub fn disarm(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+
+    fn arm(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn is_armed(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// A connection's byte stream, with hyper's bodiless error answers given JSON bodies.
 #[derive(Debug)]
 pub struct JsonParseErrors<S> {
     inner: S,
+    armed: Armed,
     /// An answer being written in place of hyper's: the bytes, how many went out, and how
     /// many bytes of hyper's to report once all did.
     replacing: Option<(Vec<u8>, usize, usize)>,
 }
 
 impl<S> JsonParseErrors<S> {
-    pub fn new(inner: S) -> Self {
+    pub fn new(inner: S, armed: Armed) -> Self {
         JsonParseErrors {
             inner,
+            armed,
             replacing: None,
         }
     }
 }
 
-/// The answer to write instead of `head`, if `head` is hyper's canned error answer.
+/// The answer to write instead of `head`, if `head` is exactly hyper's canned error answer.
 fn replacement(head: &[u8]) -> Option<Vec<u8>> {
-    if !head.starts_with(b"HTTP/1.1 4") || !head.ends_with(b"\r\n\r\n") {
+    let (status, code, message) = CANNED.iter().find(|(line, _, _)| head.starts_with(line))?;
+    let date_line = head[status.len()..].strip_prefix(CANNED_HEADERS)?;
+    let date = date_line.strip_suffix(b"\r\n\r\n")?;
+    if date.len() != HTTP_DATE_LEN
+        || !date
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b" ,:".contains(b))
+    {
         return None;
     }
-    let at = head
-        .windows(CANNED_MARK.len())
-        .position(|w| w == CANNED_MARK)?;
-    let (code, message) = match head.get(9..12)? {
-        b"431" => (
-            ErrorCode::HEADERS_TOO_LARGE,
-            "the request's header section is larger than this server accepts",
-        ),
-        b"414" => (
-            ErrorCode::URI_TOO_LONG,
-            "the request target is longer than this server accepts",
-        ),
-        b"408" => (
-            ErrorCode::REQUEST_TIMEOUT,
-            "the request head did not arrive in time",
-        ),
-        b"413" => (
-            ErrorCode::PAYLOAD_TOO_LARGE,
-            "the request is larger than this server accepts",
-        ),
-        _ => (
-            ErrorCode::MALFORMED_REQUEST,
-            "the request line or header section could not be parsed",
-        ),
-    };
-    let body = error_body(code, message);
-    // Keep hyper's head (status line, `connection: close`, `date`), with the body's headers
-    // in place of `content-length: 0`.
-    let keep_to = at + b"\r\nconnection: close".len();
-    let rest = &head[at + CANNED_MARK.len()..];
-    let mut out = Vec::with_capacity(head.len() + body.len() + 64);
-    out.extend_from_slice(&head[..keep_to]);
-    // The headers every answer of ours carries (`http::common_headers`), then the body's.
+    let body = error_body(*code, message);
+    let mut out = Vec::with_capacity(head.len() + body.len() + 160);
+    out.extend_from_slice(status);
+    // hyper's `connection: close`, the headers every answer of ours carries
+    // (`http::common_headers`), the body's, then hyper's `date`.
     out.extend_from_slice(
-        b"\r\nx-content-type-options: nosniff\r\ncross-origin-resource-policy: cross-origin\
-          \r\ncache-control: no-store\r\ncontent-type: application/json\r\ncontent-length: ",
+        b"\r\nconnection: close\r\nx-content-type-options: nosniff\
+          \r\ncross-origin-resource-policy: cross-origin\r\ncache-control: no-store\
+          \r\ncontent-type: application/json\r\ncontent-length: ",
     );
     out.extend_from_slice(body.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(rest);
+    out.extend_from_slice(b"\r\ndate: ");
+    out.extend_from_slice(date);
+    out.extend_from_slice(b"\r\n\r\n");
     out.extend_from_slice(body.as_bytes());
     Some(out)
 }
@@ -116,7 +147,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for JsonParseErrors<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.armed.arm();
+        }
+        res
     }
 }
 
@@ -128,7 +165,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.replacing.is_none() {
-            match replacement(buf) {
+            match this.armed.is_armed().then(|| replacement(buf)).flatten() {
                 Some(bytes) => this.replacing = Some((bytes, 0, buf.len())),
                 None => return Pin::new(&mut this.inner).poll_write(cx, buf),
             }
@@ -144,8 +181,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
         let this = self.get_mut();
         if this.replacing.is_none() {
             // hyper's canned answer is a head alone, in one buffer.
-            let first = bufs.iter().find(|b| !b.is_empty());
-            match first.and_then(|b| replacement(b).map(|r| (r, b.len()))) {
+            let mut non_empty = bufs.iter().filter(|b| !b.is_empty());
+            let only = match (non_empty.next(), non_empty.next()) {
+                (Some(b), None) if this.armed.is_armed() => Some(b),
+                _ => None,
+            };
+            match only.and_then(|b| replacement(b).map(|r| (r, b.len()))) {
                 Some((bytes, len)) => this.replacing = Some((bytes, 0, len)),
                 None => return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
             }
@@ -158,11 +199,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        ready!(this.poll_replacing(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        ready!(this.poll_replacing(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
 
@@ -201,10 +246,9 @@ mod tests {
         for (status, code) in [
             ("400 Bad Request", "MALFORMED_REQUEST"),
             ("414 URI Too Long", "URI_TOO_LONG"),
-            ("408 Request Timeout", "REQUEST_TIMEOUT"),
         ] {
             let canned = format!(
-                "HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: 0\r\ndate: x\r\n\r\n"
+                "HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\n"
             );
             let (_, body) = split(&replacement(canned.as_bytes()).unwrap());
             assert_eq!(body["error"]["code"], code, "{status}");
@@ -218,6 +262,10 @@ mod tests {
             b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 60\r\n\r\n",
             b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n", // head cut
             b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+            // Anything beyond hyper's exact answer.
+            b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\nmore",
+            b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\nx-a: b\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\n",
+            b"HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\n",
         ] {
             assert!(replacement(answer).is_none(), "{:?}", String::from_utf8_lossy(answer));
         }
@@ -226,12 +274,17 @@ mod tests {
     #[tokio::test]
     async fn the_stream_writes_the_replacement_and_reports_hypers_length() {
         let (a, mut b) = tokio::io::duplex(16); // small: the replacement needs many writes
-        let mut w = JsonParseErrors::new(a);
+        let armed = Armed::default();
+        let mut w = JsonParseErrors::new(a, armed.clone());
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
             b.read_to_end(&mut got).await.unwrap();
             got
         });
+        // Not armed (nothing read since the service took a request): even hyper's exact
+        // answer, say as a stream's bytes in a body, passes through.
+        w.write_all(CANNED_431).await.unwrap();
+        armed.arm();
         let n = std::future::poll_fn(|cx| Pin::new(&mut w).poll_write(cx, CANNED_431))
             .await
             .unwrap();
@@ -240,7 +293,8 @@ mod tests {
         w.shutdown().await.unwrap();
         drop(w);
         let got = reader.await.unwrap();
-        let mut want = replacement(CANNED_431).unwrap();
+        let mut want = CANNED_431.to_vec();
+        want.extend_from_slice(&replacement(CANNED_431).unwrap());
         want.extend_from_slice(b"after");
         assert_eq!(got, want);
     }

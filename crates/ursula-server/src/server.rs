@@ -1,7 +1,7 @@
 //! The HTTP/1.1 listener: connection timeouts and graceful shutdown.
 
 use crate::app::App;
-use crate::parse_errors::JsonParseErrors;
+use crate::parse_errors::{Armed, JsonParseErrors};
 use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -41,7 +41,10 @@ pub async fn run<H, F>(
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let handler = handler.clone();
+        let armed = Armed::default();
+        let io = JsonParseErrors::new(stream, armed.clone());
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
+            armed.disarm();
             let fut = handler(app.clone(), req.map(Body::new));
             async move { Ok::<_, Infallible>(fut.await) }
         });
@@ -49,7 +52,7 @@ pub async fn run<H, F>(
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(true)
-            .serve_connection(TokioIo::new(JsonParseErrors::new(stream)), svc);
+            .serve_connection(TokioIo::new(io), svc);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

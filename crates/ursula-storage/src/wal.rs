@@ -335,7 +335,8 @@ impl Wal {
         rx.await.unwrap_or(Err(WalError::Closed))
     }
 
-    /// Same as [`Wal::append`], but calls `done` from the writer thread once durable.
+    /// Same as [`Wal::append`], but calls `done` once durable: from the writer thread, or
+    /// from a task on the runtime given in [`WalOptions::deliver_on`].
     ///
     /// `done` is called exactly once. If the WAL is already closed or a payload is too large it
     /// is called immediately on the calling thread. It must not block for long: it delays every
@@ -435,7 +436,9 @@ impl Wal {
     /// Flushes and stops the writer thread; later appends fail with [`WalError::Closed`].
     ///
     /// Appends submitted before `close` are still committed. Blocks until the writer has
-    /// exited (unless called from an append callback) and releases the directory lock.
+    /// exited (unless called from an append callback on the writer thread) and releases the
+    /// directory lock. With [`WalOptions::deliver_on`], the last batches' callbacks may still
+    /// be queued on the runtime when this returns.
     pub fn close(&self) {
         close_inner(&self.inner);
     }
@@ -638,9 +641,13 @@ impl Writer {
         });
         match &self.deliver {
             Some(tx) if !empty => {
-                // If the runtime is gone, the batch is dropped and each request completes
-                // with `Closed`.
-                let _ = tx.send(results.collect());
+                if let Err(returned) = tx.send(results.collect()) {
+                    // The runtime is gone: complete here, with the true results, from now on.
+                    self.deliver = None;
+                    for (done, res) in returned.0 {
+                        done.complete(res);
+                    }
+                }
             }
             Some(_) => {} // nothing to hand over: don't wake the runtime
             None => results.for_each(|(done, res)| done.complete(res)),

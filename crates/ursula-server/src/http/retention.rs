@@ -69,15 +69,10 @@ pub async fn handle(
 /// (`Node::trigger_snapshot`, once ursula-raft offers it, should replace the raw trigger.)
 fn compact_soon(app: &Arc<App>, group: u32) {
     let raft = app.node.raft(group).clone();
-    // The retention's own entry must be covered. The metrics' `last_applied` can still show
-    // the entry before it (the client's answer comes from the state machine, the metrics
-    // from the core, later), but the entry was appended before it was applied, so the last
-    // log index already counts it.
-    let target = {
-        let m = raft.metrics();
-        let m = m.borrow();
-        m.last_log_index.max(m.last_applied.map(|l| l.index))
-    };
+    // The retention's own entry must be covered. The state machine's applied index counts it
+    // before the client gets its answer; openraft's metrics may not yet (they are published
+    // once per pass of its core loop).
+    let target = Some(*app.node.applied(group).borrow());
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + COMPACT_DEADLINE;
         loop {
