@@ -3,15 +3,22 @@
 /// Normalizes a content type: split on `;`, trim, drop empties, lowercase, join with `"; "`.
 /// An empty value yields `application/octet-stream`.
 pub fn normalize(ct: &str) -> String {
-    let parts: Vec<String> = ct
-        .split(';')
-        .map(|p| p.trim().to_ascii_lowercase())
-        .filter(|p| !p.is_empty())
-        .collect();
-    if parts.is_empty() {
+    // One allocation: this runs for every append.
+    let mut out = String::with_capacity(ct.len() + 2);
+    for part in ct.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        let start = out.len();
+        out.push_str(part);
+        if let Some(added) = out.get_mut(start..) {
+            added.make_ascii_lowercase();
+        }
+    }
+    if out.is_empty() {
         return "application/octet-stream".to_owned();
     }
-    parts.join("; ")
+    out
 }
 
 /// The media type (essence) of a content type: the part before the first `;`, trimmed.
@@ -37,6 +44,26 @@ pub fn is_text(ct: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The definition, spelled out: split, trim, lowercase, drop empties, join.
+    fn normalize_reference(ct: &str) -> String {
+        let parts: Vec<String> = ct
+            .split(';')
+            .map(|p| p.trim().to_ascii_lowercase())
+            .filter(|p| !p.is_empty())
+            .collect();
+        if parts.is_empty() {
+            return "application/octet-stream".to_owned();
+        }
+        parts.join("; ")
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn normalize_matches_its_definition(ct in "[ -~\\u{80}-\\u{10ffff}]{0,40}") {
+            proptest::prop_assert_eq!(normalize(&ct), normalize_reference(&ct));
+        }
+    }
 
     #[test]
     fn normalizes() {

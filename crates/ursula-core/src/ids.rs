@@ -138,17 +138,37 @@ impl Incarnation {
         }
         u128::from_str_radix(s, 16).ok().map(Incarnation)
     }
+
+    /// The 32 lowercase hex digits as ASCII bytes, without allocating.
+    pub fn hex(&self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, d) in out.iter_mut().enumerate() {
+            *d = DIGITS[((self.0 >> (124 - 4 * i)) & 0xf) as usize];
+        }
+        out
+    }
 }
 
 impl fmt::Display for Incarnation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        // Always ASCII hex digits.
+        f.write_str(std::str::from_utf8(&self.hex()).map_err(|_| fmt::Error)?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn incarnation_hex_is_32_lowercase_digits(n in proptest::prelude::any::<u128>()) {
+            let inc = Incarnation(n);
+            proptest::prop_assert_eq!(inc.to_string(), format!("{n:032x}"));
+            proptest::prop_assert_eq!(Incarnation::parse(&inc.to_string()), Some(inc));
+        }
+    }
 
     #[test]
     fn bucket_rules() {

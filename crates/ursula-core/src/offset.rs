@@ -5,9 +5,23 @@ use std::fmt;
 /// Formats an offset in its canonical 20-digit form.
 pub struct Off(pub u64);
 
+impl Off {
+    /// The 20-digit form as ASCII bytes, without allocating (`u64::MAX` has 20 digits).
+    pub fn digits(&self) -> [u8; 20] {
+        let mut out = [b'0'; 20];
+        let mut n = self.0;
+        for d in out.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        out
+    }
+}
+
 impl fmt::Display for Off {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:020}", self.0)
+        // Always ASCII digits.
+        f.write_str(std::str::from_utf8(&self.digits()).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -65,7 +79,18 @@ mod tests {
     #[test]
     fn formats_twenty_digits() {
         assert_eq!(Off(42).to_string(), "00000000000000000042");
+        assert_eq!(Off(0).to_string(), "00000000000000000000");
         assert_eq!(Off(u64::MAX).to_string(), "18446744073709551615");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn digits_match_zero_padded_decimal(n in proptest::prelude::any::<u64>()) {
+            let digits = Off(n).digits();
+            let expected = format!("{n:020}");
+            proptest::prop_assert_eq!(&digits[..], expected.as_bytes());
+            proptest::prop_assert_eq!(parse_read_offset(&Off(n).to_string()), Some(ReadStart::At(n)));
+        }
     }
 
     #[test]

@@ -27,12 +27,14 @@ use crate::codec::{self, KIND_ENTRY, KIND_PURGE, KIND_TRUNCATE, KIND_VOTE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 /// One retained entry, kept encoded: a decoded entry holds every command's allocations, which
-/// costs several times the encoded size while the entry waits for the next snapshot. Entries
-/// are decoded again when read (in practice once, to be applied).
+/// costs several times the encoded size while the entry waits for the next snapshot.
 #[derive(Clone)]
 struct Stored {
     log_id: LogId,
     payload: Arc<[u8]>,
+    /// The entry as appended, until its first read (in practice: to be applied, moments after
+    /// it was made durable), which takes it instead of decoding `payload`. Later reads decode.
+    fresh: Option<Entry>,
     /// The entry's WAL LSN, or a lower bound of it while the append is in flight.
     lsn: Lsn,
     /// Encoded size (for the size-based snapshot trigger).
@@ -172,6 +174,7 @@ impl LogInner {
                     self.entries.push_back(Stored {
                         log_id: entry.log_id,
                         payload: Arc::from(payload),
+                        fresh: None,
                         lsn,
                         bytes,
                     });
@@ -180,6 +183,7 @@ impl LogInner {
                 self.insert(Stored {
                     log_id: entry.log_id,
                     payload: Arc::from(payload),
+                    fresh: None,
                     lsn,
                     bytes,
                 })
@@ -370,7 +374,7 @@ impl GroupLog {
     }
 
     fn entries_in<RB: RangeBounds<u64>>(&self, range: RB) -> Result<Vec<Entry>, String> {
-        let inner = self.lock();
+        let mut inner = self.lock();
         let Some(first) = inner.first_index() else {
             return Ok(Vec::new());
         };
@@ -390,13 +394,16 @@ impl GroupLog {
         if lo >= hi {
             return Ok(Vec::new());
         }
-        let picked: Vec<Arc<[u8]>> = inner
+        let picked: Vec<Result<Entry, Arc<[u8]>>> = inner
             .entries
-            .range(lo as usize..hi as usize)
-            .map(|s| Arc::clone(&s.payload))
+            .range_mut(lo as usize..hi as usize)
+            .map(|s| s.fresh.take().ok_or_else(|| Arc::clone(&s.payload)))
             .collect();
         drop(inner);
-        picked.iter().map(|p| codec::decode_entry(p)).collect()
+        picked
+            .into_iter()
+            .map(|p| p.or_else(|encoded| codec::decode_entry(&encoded)))
+            .collect()
     }
 }
 
@@ -497,6 +504,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     .insert(Stored {
                         log_id,
                         payload: Arc::from(payload.as_slice()),
+                        fresh: Some(entry),
                         lsn: lsn_floor,
                         bytes,
                     })
@@ -655,11 +663,78 @@ mod tests {
     }
 
     #[test]
+    fn reads_hand_out_the_appended_entry_once_then_decode() {
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = ursula_storage::WalOptions {
+            fsync: false,
+            ..Default::default()
+        };
+        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        let log = GroupLog::new(
+            0,
+            wal,
+            Arc::new(AtomicU64::new(0)),
+            LogInner::default(),
+            Marks::default(),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let cmd = |i: u64| ursula_core::command::Command {
+            now_ms: 7 + i,
+            op: ursula_core::command::Op::Delete {
+                key: ursula_core::StreamKey::new("bkt1", &format!("s{i}")),
+                incarnation: None,
+            },
+        };
+        for i in 0..3 {
+            let entry = Entry {
+                log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+                payload: EntryPayload::Normal(Batch(vec![cmd(i), cmd(i + 10)])),
+            };
+            let payload = codec::encode_entry(&entry).unwrap();
+            log.lock()
+                .insert(Stored {
+                    log_id: entry.log_id,
+                    bytes: payload.len() as u64,
+                    payload: Arc::from(payload),
+                    fresh: Some(entry),
+                    lsn: 1,
+                })
+                .unwrap();
+        }
+        let encoded = |entries: Vec<Entry>| -> Vec<Vec<u8>> {
+            entries
+                .iter()
+                .map(|e| codec::encode_entry(e).unwrap())
+                .collect()
+        };
+        // The first read of 1..=2 takes the appended entries; entry 0 is still fresh.
+        let first = log.entries_in(1..=2).unwrap();
+        assert!(
+            log.lock()
+                .entries
+                .iter()
+                .map(|s| s.fresh.is_some())
+                .eq([true, false, false])
+        );
+        // A second read decodes and yields the same entries.
+        let again = log.entries_in(1..=2).unwrap();
+        assert_eq!(encoded(first), encoded(again));
+        let all = log.entries_in(..).unwrap();
+        assert_eq!(all.len(), 3);
+        assert!(log.lock().entries.iter().all(|s| s.fresh.is_none()));
+        assert_eq!(
+            encoded(all)[1..],
+            encoded(log.entries_in(1..3).unwrap())[..]
+        );
+    }
+
+    #[test]
     fn insert_refuses_holes() {
         let mut inner = LogInner::default();
         let s = |i| Stored {
             log_id: entry(1, i).log_id,
             payload: Arc::from(codec::encode_entry(&entry(1, i)).unwrap().as_slice()),
+            fresh: None,
             lsn: 1,
             bytes: 1,
         };

@@ -134,20 +134,20 @@ fn respond(plan: Plan, data: Bytes) -> Response<Body> {
     let hm = resp.headers_mut();
     h::put(
         hm,
-        "content-type",
+        &http::header::CONTENT_TYPE,
         &format!("multipart/mixed; boundary={boundary}"),
     );
     let snapshot_offset = plan
         .snapshot
         .as_ref()
         .map_or_else(|| "-1".to_owned(), |s| Off(s.offset).to_string());
-    h::put(hm, h::STREAM_SNAPSHOT_OFFSET, &snapshot_offset);
-    h::put(hm, h::STREAM_NEXT_OFFSET, &Off(plan.tail).to_string());
-    hm.insert(h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
+    h::put(hm, &h::STREAM_SNAPSHOT_OFFSET, &snapshot_offset);
+    h::put_off(hm, &h::STREAM_NEXT_OFFSET, plan.tail);
+    hm.insert(&h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
     if plan.closed {
-        hm.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+        hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
-    h::put(hm, h::STREAM_INCARNATION, &plan.incarnation.to_string());
+    h::put_incarnation(hm, plan.incarnation);
     put_records(hm, plan.json, plan.record_first, plan.record_next);
     resp
 }

@@ -4,7 +4,6 @@ use super::headers as h;
 use axum::body::Body;
 use http::{HeaderValue, Response, StatusCode};
 use ursula_core::error::{ErrorCode, Facts, Rejection};
-use ursula_core::offset::Off;
 
 /// An error answer: a rejection plus optional bootstrap location for reads.
 #[derive(Debug)]
@@ -112,7 +111,7 @@ pub fn render(err: ApiError) -> Response<Body> {
         hm.insert(http::header::ALLOW, HeaderValue::from_static(allow));
     }
     if let Some(loc) = &err.bootstrap_location {
-        h::put(hm, h::STREAM_BOOTSTRAP_LOCATION, loc);
+        h::put(hm, &h::STREAM_BOOTSTRAP_LOCATION, loc);
     }
     put_facts(hm, &err.rejection.facts);
     resp
@@ -120,37 +119,37 @@ pub fn render(err: ApiError) -> Response<Body> {
 
 fn put_facts(hm: &mut http::HeaderMap, f: &Facts) {
     if let Some(o) = f.next_offset {
-        h::put(hm, h::STREAM_NEXT_OFFSET, &Off(o).to_string());
+        h::put_off(hm, &h::STREAM_NEXT_OFFSET, o);
     }
     if let Some(o) = f.earliest_offset {
-        h::put(hm, h::STREAM_EARLIEST_OFFSET, &Off(o).to_string());
+        h::put_off(hm, &h::STREAM_EARLIEST_OFFSET, o);
     }
     if f.closed {
-        h::put(hm, h::STREAM_CLOSED, "true");
+        h::put(hm, &h::STREAM_CLOSED, "true");
     }
     if let Some(e) = f.producer_epoch {
-        h::put(hm, h::PRODUCER_EPOCH, &e.to_string());
+        h::put_u64(hm, &h::PRODUCER_EPOCH, e);
     }
     if let Some(e) = f.expected_seq {
-        h::put(hm, h::PRODUCER_EXPECTED_SEQ, &e.to_string());
+        h::put_u64(hm, &h::PRODUCER_EXPECTED_SEQ, e);
     }
     if let Some(e) = f.received_seq {
-        h::put(hm, h::PRODUCER_RECEIVED_SEQ, &e.to_string());
+        h::put_u64(hm, &h::PRODUCER_RECEIVED_SEQ, e);
     }
     if let Some(i) = f.incarnation {
-        h::put(hm, h::STREAM_INCARNATION, &i.to_string());
+        h::put_incarnation(hm, i);
     }
     if let Some(n) = f.record_first {
-        h::put(hm, h::STREAM_RECORD_FIRST, &n.to_string());
+        h::put_u64(hm, &h::STREAM_RECORD_FIRST, n);
     }
     if let Some(n) = f.record_next {
-        h::put(hm, h::STREAM_RECORD_NEXT, &n.to_string());
+        h::put_u64(hm, &h::STREAM_RECORD_NEXT, n);
     }
     if let Some((offset, digest)) = f.snapshot {
-        h::put(hm, h::STREAM_SNAPSHOT_OFFSET, &Off(offset).to_string());
-        h::put(hm, h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
+        h::put_off(hm, &h::STREAM_SNAPSHOT_OFFSET, offset);
+        h::put(hm, &h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
     }
     if f.json {
-        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
 }

@@ -1,51 +1,79 @@
 //! Header names and parsing of the protocol's request headers (protocol.md §2.2).
 
 use super::error::ApiError;
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue, header};
 use ursula_core::ErrorCode;
 use ursula_core::command::{Lifetime, ProducerHdr};
 use ursula_core::ids::Incarnation;
+use ursula_core::offset::Off;
 
-pub const STREAM_NEXT_OFFSET: &str = "stream-next-offset";
-pub const STREAM_EARLIEST_OFFSET: &str = "stream-earliest-offset";
-pub const STREAM_BOOTSTRAP_LOCATION: &str = "stream-bootstrap-location";
-pub const STREAM_CLOSED: &str = "stream-closed";
-pub const STREAM_UP_TO_DATE: &str = "stream-up-to-date";
-pub const STREAM_CURSOR: &str = "stream-cursor";
-pub const STREAM_TTL: &str = "stream-ttl";
-pub const STREAM_EXPIRES_AT: &str = "stream-expires-at";
-pub const STREAM_SEQ: &str = "stream-seq";
-pub const STREAM_INCARNATION: &str = "stream-incarnation";
-pub const STREAM_EXTENSIONS: &str = "stream-extensions";
-pub const STREAM_RECORD_START: &str = "stream-record-start";
-pub const STREAM_RECORD_NEXT: &str = "stream-record-next";
-pub const STREAM_RECORD_FIRST: &str = "stream-record-first";
-pub const STREAM_RECORD_MATCH: &str = "stream-record-match";
-pub const STREAM_RETAINED_OFFSET: &str = "stream-retained-offset";
-pub const STREAM_FORKED_FROM: &str = "stream-forked-from";
-pub const STREAM_FORK_OFFSET: &str = "stream-fork-offset";
-pub const STREAM_FORK_SUB_OFFSET: &str = "stream-fork-sub-offset";
-pub const PRODUCER_ID: &str = "producer-id";
-pub const PRODUCER_EPOCH: &str = "producer-epoch";
-pub const PRODUCER_SEQ: &str = "producer-seq";
-pub const PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
-pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
-pub const STREAM_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
-pub const STREAM_DATA_CONTENT_TYPE: &str = "stream-data-content-type";
-pub const MAX_REQUEST_BYTES_HDR: &str = "ursula-max-request-bytes";
-pub const MAX_SNAPSHOT_REQUEST_BYTES_HDR: &str = "ursula-max-snapshot-request-bytes";
-pub const STREAM_SNAPSHOT_OFFSET: &str = "stream-snapshot-offset";
-pub const STREAM_SNAPSHOT_DIGEST: &str = "stream-snapshot-digest";
-pub const STREAM_SNAPSHOT_MATCH: &str = "stream-snapshot-match";
-pub const STREAM_SNAPSHOT_PARTS: &str = "stream-snapshot-parts";
+pub static STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static("stream-next-offset");
+pub static STREAM_EARLIEST_OFFSET: HeaderName = HeaderName::from_static("stream-earliest-offset");
+pub static STREAM_BOOTSTRAP_LOCATION: HeaderName =
+    HeaderName::from_static("stream-bootstrap-location");
+pub static STREAM_CLOSED: HeaderName = HeaderName::from_static("stream-closed");
+pub static STREAM_UP_TO_DATE: HeaderName = HeaderName::from_static("stream-up-to-date");
+pub static STREAM_CURSOR: HeaderName = HeaderName::from_static("stream-cursor");
+pub static STREAM_TTL: HeaderName = HeaderName::from_static("stream-ttl");
+pub static STREAM_EXPIRES_AT: HeaderName = HeaderName::from_static("stream-expires-at");
+pub static STREAM_SEQ: HeaderName = HeaderName::from_static("stream-seq");
+pub static STREAM_INCARNATION: HeaderName = HeaderName::from_static("stream-incarnation");
+pub static STREAM_EXTENSIONS: HeaderName = HeaderName::from_static("stream-extensions");
+pub static STREAM_RECORD_START: HeaderName = HeaderName::from_static("stream-record-start");
+pub static STREAM_RECORD_NEXT: HeaderName = HeaderName::from_static("stream-record-next");
+pub static STREAM_RECORD_FIRST: HeaderName = HeaderName::from_static("stream-record-first");
+pub static STREAM_RECORD_MATCH: HeaderName = HeaderName::from_static("stream-record-match");
+pub static STREAM_RETAINED_OFFSET: HeaderName = HeaderName::from_static("stream-retained-offset");
+pub static STREAM_FORKED_FROM: HeaderName = HeaderName::from_static("stream-forked-from");
+pub static STREAM_FORK_OFFSET: HeaderName = HeaderName::from_static("stream-fork-offset");
+pub static STREAM_FORK_SUB_OFFSET: HeaderName = HeaderName::from_static("stream-fork-sub-offset");
+pub static PRODUCER_ID: HeaderName = HeaderName::from_static("producer-id");
+pub static PRODUCER_EPOCH: HeaderName = HeaderName::from_static("producer-epoch");
+pub static PRODUCER_SEQ: HeaderName = HeaderName::from_static("producer-seq");
+pub static PRODUCER_EXPECTED_SEQ: HeaderName = HeaderName::from_static("producer-expected-seq");
+pub static PRODUCER_RECEIVED_SEQ: HeaderName = HeaderName::from_static("producer-received-seq");
+pub static STREAM_SSE_DATA_ENCODING: HeaderName =
+    HeaderName::from_static("stream-sse-data-encoding");
+pub static STREAM_DATA_CONTENT_TYPE: HeaderName =
+    HeaderName::from_static("stream-data-content-type");
+pub static MAX_REQUEST_BYTES_HDR: HeaderName = HeaderName::from_static("ursula-max-request-bytes");
+pub static MAX_SNAPSHOT_REQUEST_BYTES_HDR: HeaderName =
+    HeaderName::from_static("ursula-max-snapshot-request-bytes");
+pub static STREAM_SNAPSHOT_OFFSET: HeaderName = HeaderName::from_static("stream-snapshot-offset");
+pub static STREAM_SNAPSHOT_DIGEST: HeaderName = HeaderName::from_static("stream-snapshot-digest");
+pub static STREAM_SNAPSHOT_MATCH: HeaderName = HeaderName::from_static("stream-snapshot-match");
+pub static STREAM_SNAPSHOT_PARTS: HeaderName = HeaderName::from_static("stream-snapshot-parts");
+pub static CROSS_ORIGIN_RESOURCE_POLICY: HeaderName =
+    HeaderName::from_static("cross-origin-resource-policy");
 pub const JSON_RECORDS_EXT: &str = "json-record-coordinates-v1";
 
 /// Largest producer epoch/sequence: 2^53 - 1.
 const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
 
 /// Inserts a header whose value we produced (never fails for valid text).
-pub fn put(hm: &mut HeaderMap, name: &'static str, value: &str) {
+pub fn put(hm: &mut HeaderMap, name: &HeaderName, value: &str) {
     if let Ok(v) = HeaderValue::from_str(value) {
+        hm.insert(name, v);
+    }
+}
+
+/// Inserts an offset in its 20-digit form, without formatting through a `String`.
+pub fn put_off(hm: &mut HeaderMap, name: &HeaderName, off: u64) {
+    put_ascii(hm, name, &Off(off).digits());
+}
+
+/// Inserts `Stream-Incarnation`.
+pub fn put_incarnation(hm: &mut HeaderMap, inc: Incarnation) {
+    put_ascii(hm, &STREAM_INCARNATION, &inc.hex());
+}
+
+/// Inserts an unsigned decimal number.
+pub fn put_u64(hm: &mut HeaderMap, name: &HeaderName, n: u64) {
+    hm.insert(name, HeaderValue::from(n));
+}
+
+fn put_ascii(hm: &mut HeaderMap, name: &HeaderName, value: &[u8]) {
+    if let Ok(v) = HeaderValue::from_bytes(value) {
         hm.insert(name, v);
     }
 }
@@ -53,7 +81,7 @@ pub fn put(hm: &mut HeaderMap, name: &'static str, value: &str) {
 /// A header as text; a value that is not visible ASCII counts as the given error.
 pub fn text<'a>(
     hm: &'a HeaderMap,
-    name: &str,
+    name: &HeaderName,
     code: ErrorCode,
 ) -> Result<Option<&'a str>, ApiError> {
     match hm.get(name) {
@@ -67,21 +95,21 @@ pub fn text<'a>(
 
 /// `Stream-Closed`: present only when equal to `true` case-insensitively.
 pub fn closed(hm: &HeaderMap) -> bool {
-    hm.get(STREAM_CLOSED)
+    hm.get(&STREAM_CLOSED)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// `Stream-Seq`: empty or whitespace counts as absent.
 pub fn stream_seq(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
-    Ok(text(hm, STREAM_SEQ, ErrorCode::INVALID_HEADER)?
+    Ok(text(hm, &STREAM_SEQ, ErrorCode::INVALID_HEADER)?
         .filter(|v| !v.trim().is_empty())
         .map(str::to_owned))
 }
 
 /// The request's normalized content type, `None` when absent or empty.
 pub fn content_type(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
-    Ok(text(hm, "content-type", ErrorCode::INVALID_HEADER)?
+    Ok(text(hm, &header::CONTENT_TYPE, ErrorCode::INVALID_HEADER)?
         .filter(|v| !v.trim().is_empty())
         .map(ursula_core::content_type::normalize))
 }
@@ -97,9 +125,9 @@ fn unsigned(v: &str) -> Option<u64> {
 /// `Producer-Id`/`Epoch`/`Seq`: all three or none.
 pub fn producer(hm: &HeaderMap) -> Result<Option<ProducerHdr>, ApiError> {
     let bad = |m: &str| ApiError::new(ErrorCode::INVALID_PRODUCER, m.to_owned());
-    let id = text(hm, PRODUCER_ID, ErrorCode::INVALID_PRODUCER)?;
-    let epoch = text(hm, PRODUCER_EPOCH, ErrorCode::INVALID_PRODUCER)?;
-    let seq = text(hm, PRODUCER_SEQ, ErrorCode::INVALID_PRODUCER)?;
+    let id = text(hm, &PRODUCER_ID, ErrorCode::INVALID_PRODUCER)?;
+    let epoch = text(hm, &PRODUCER_EPOCH, ErrorCode::INVALID_PRODUCER)?;
+    let seq = text(hm, &PRODUCER_SEQ, ErrorCode::INVALID_PRODUCER)?;
     match (id, epoch, seq) {
         (None, None, None) => Ok(None),
         (Some(id), Some(epoch), Some(seq)) => {
@@ -126,7 +154,7 @@ pub fn producer(hm: &HeaderMap) -> Result<Option<ProducerHdr>, ApiError> {
 
 /// `Stream-Incarnation` precondition.
 pub fn incarnation(hm: &HeaderMap) -> Result<Option<Incarnation>, ApiError> {
-    match text(hm, STREAM_INCARNATION, ErrorCode::INVALID_HEADER)? {
+    match text(hm, &STREAM_INCARNATION, ErrorCode::INVALID_HEADER)? {
         None => Ok(None),
         Some(v) => Incarnation::parse(v).map(Some).ok_or_else(|| {
             ApiError::new(
@@ -139,7 +167,7 @@ pub fn incarnation(hm: &HeaderMap) -> Result<Option<Incarnation>, ApiError> {
 
 /// `Stream-Record-Match`.
 pub fn record_match(hm: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    match text(hm, STREAM_RECORD_MATCH, ErrorCode::INVALID_HEADER)? {
+    match text(hm, &STREAM_RECORD_MATCH, ErrorCode::INVALID_HEADER)? {
         None => Ok(None),
         Some(v) => unsigned(v).map(Some).ok_or_else(|| {
             ApiError::new(
@@ -153,8 +181,8 @@ pub fn record_match(hm: &HeaderMap) -> Result<Option<u64>, ApiError> {
 /// `Stream-TTL` and `Stream-Expires-At` (mutually exclusive, must lie in the future).
 pub fn lifetime(hm: &HeaderMap, now_ms: u64) -> Result<Lifetime, ApiError> {
     let bad = |m: String| ApiError::new(ErrorCode::INVALID_HEADER, m);
-    let ttl = text(hm, STREAM_TTL, ErrorCode::INVALID_HEADER)?;
-    let exp = text(hm, STREAM_EXPIRES_AT, ErrorCode::INVALID_HEADER)?;
+    let ttl = text(hm, &STREAM_TTL, ErrorCode::INVALID_HEADER)?;
+    let exp = text(hm, &STREAM_EXPIRES_AT, ErrorCode::INVALID_HEADER)?;
     if ttl.is_some() && exp.is_some() {
         return Err(bad(
             "Stream-TTL and Stream-Expires-At are mutually exclusive".into(),
@@ -201,10 +229,10 @@ pub fn format_expiry(ms: u64) -> String {
 /// Puts the lifetime headers of a stream.
 pub fn put_lifetime(hm: &mut HeaderMap, lt: &Lifetime) {
     if let Some(t) = lt.ttl_s {
-        put(hm, STREAM_TTL, &t.to_string());
+        put(hm, &STREAM_TTL, &t.to_string());
     }
     if let Some(e) = lt.expires_at_ms {
-        put(hm, STREAM_EXPIRES_AT, &format_expiry(e));
+        put(hm, &STREAM_EXPIRES_AT, &format_expiry(e));
     }
 }
 
@@ -212,7 +240,7 @@ pub fn put_lifetime(hm: &mut HeaderMap, lt: &Lifetime) {
 mod tests {
     use super::*;
 
-    fn hm(pairs: &[(&'static str, &str)]) -> HeaderMap {
+    fn hm(pairs: &[(&'static HeaderName, &str)]) -> HeaderMap {
         let mut m = HeaderMap::new();
         for (k, v) in pairs {
             m.insert(*k, HeaderValue::from_str(v).expect("header"));
@@ -223,17 +251,19 @@ mod tests {
     #[test]
     fn ttl_grammar() {
         assert_eq!(
-            lifetime(&hm(&[(STREAM_TTL, "3600")]), 0).expect("ok").ttl_s,
+            lifetime(&hm(&[(&STREAM_TTL, "3600")]), 0)
+                .expect("ok")
+                .ttl_s,
             Some(3600)
         );
         for bad in ["0", "-1", "+3600", "03600", "3600.0", "3.6e3", ""] {
-            assert!(lifetime(&hm(&[(STREAM_TTL, bad)]), 0).is_err(), "{bad:?}");
+            assert!(lifetime(&hm(&[(&STREAM_TTL, bad)]), 0).is_err(), "{bad:?}");
         }
         assert!(
             lifetime(
                 &hm(&[
-                    (STREAM_TTL, "1"),
-                    (STREAM_EXPIRES_AT, "2099-01-01T00:00:00Z")
+                    (&STREAM_TTL, "1"),
+                    (&STREAM_EXPIRES_AT, "2099-01-01T00:00:00Z")
                 ]),
                 0
             )
@@ -243,14 +273,14 @@ mod tests {
 
     #[test]
     fn expiry_must_be_future() {
-        let lt = lifetime(&hm(&[(STREAM_EXPIRES_AT, "2030-01-01T00:00:00Z")]), 0).expect("ok");
+        let lt = lifetime(&hm(&[(&STREAM_EXPIRES_AT, "2030-01-01T00:00:00Z")]), 0).expect("ok");
         assert_eq!(
             format_expiry(lt.expires_at_ms.expect("set")),
             "2030-01-01T00:00:00.000Z"
         );
         assert!(
             lifetime(
-                &hm(&[(STREAM_EXPIRES_AT, "2000-01-01T00:00:00Z")]),
+                &hm(&[(&STREAM_EXPIRES_AT, "2000-01-01T00:00:00Z")]),
                 1_800_000_000_000
             )
             .is_err()
@@ -259,27 +289,27 @@ mod tests {
 
     #[test]
     fn producer_headers() {
-        assert!(producer(&hm(&[(PRODUCER_ID, "p")])).is_err());
+        assert!(producer(&hm(&[(&PRODUCER_ID, "p")])).is_err());
         assert!(
             producer(&hm(&[
-                (PRODUCER_ID, " "),
-                (PRODUCER_EPOCH, "0"),
-                (PRODUCER_SEQ, "0")
+                (&PRODUCER_ID, " "),
+                (&PRODUCER_EPOCH, "0"),
+                (&PRODUCER_SEQ, "0")
             ]))
             .is_err()
         );
         assert!(
             producer(&hm(&[
-                (PRODUCER_ID, "p"),
-                (PRODUCER_EPOCH, "9007199254740992"),
-                (PRODUCER_SEQ, "0")
+                (&PRODUCER_ID, "p"),
+                (&PRODUCER_EPOCH, "9007199254740992"),
+                (&PRODUCER_SEQ, "0")
             ]))
             .is_err()
         );
         let p = producer(&hm(&[
-            (PRODUCER_ID, "p"),
-            (PRODUCER_EPOCH, " 2 "),
-            (PRODUCER_SEQ, "3"),
+            (&PRODUCER_ID, "p"),
+            (&PRODUCER_EPOCH, " 2 "),
+            (&PRODUCER_SEQ, "3"),
         ]))
         .expect("ok")
         .expect("some");

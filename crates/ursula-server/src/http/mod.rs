@@ -68,11 +68,11 @@ fn allowed_origin(app: &App, origin: Option<&HeaderValue>) -> Option<HeaderValue
 pub fn common_headers(app: &App, resp: &mut Resp, origin: Option<&HeaderValue>) {
     let hm = resp.headers_mut();
     hm.insert(
-        "x-content-type-options",
+        header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
     hm.insert(
-        "cross-origin-resource-policy",
+        &headers::CROSS_ORIGIN_RESOURCE_POLICY,
         HeaderValue::from_static("cross-origin"),
     );
     if !hm.contains_key(header::CACHE_CONTROL) {

@@ -358,11 +358,11 @@ fn put_stream_headers(hm: &mut HeaderMap, v: &View, repr: Repr) {
     } else {
         v.content_type.as_str()
     };
-    h::put(hm, "content-type", ct);
-    h::put(hm, h::STREAM_INCARNATION, &v.incarnation.to_string());
+    h::put(hm, &http::header::CONTENT_TYPE, ct);
+    h::put_incarnation(hm, v.incarnation);
     if v.json {
         hm.insert(http::header::VARY, HeaderValue::from_static("Accept"));
-        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
 }
 
@@ -448,19 +448,19 @@ fn data_response(
     };
     let out = resp.headers_mut();
     put_stream_headers(out, v, repr);
-    h::put(out, h::STREAM_NEXT_OFFSET, &Off(end).to_string());
+    h::put_off(out, &h::STREAM_NEXT_OFFSET, end);
     if with_etag {
-        h::put(out, "etag", &tag);
+        h::put(out, &http::header::ETAG, &tag);
     }
     if at_tail {
-        out.insert(h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
+        out.insert(&h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
     }
     if closed {
-        out.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+        out.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     } else if let Some(c) = live_cursor {
         h::put(
             out,
-            h::STREAM_CURSOR,
+            &h::STREAM_CURSOR,
             &cursor(end, Some(c).filter(|c| !c.is_empty())),
         );
     }
@@ -554,16 +554,16 @@ pub fn check_waiter_capacity(app: &App) -> Result<(), ApiError> {
 fn no_content(v: &View, cursor: Option<String>) -> Resp {
     let mut r = render::empty(StatusCode::NO_CONTENT);
     let hm = r.headers_mut();
-    h::put(hm, h::STREAM_NEXT_OFFSET, &Off(v.tail).to_string());
-    hm.insert(h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
-    h::put(hm, h::STREAM_INCARNATION, &v.incarnation.to_string());
+    h::put_off(hm, &h::STREAM_NEXT_OFFSET, v.tail);
+    hm.insert(&h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
+    h::put_incarnation(hm, v.incarnation);
     if v.json {
-        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
     match cursor {
-        Some(c) => h::put(hm, h::STREAM_CURSOR, &c),
+        Some(c) => h::put(hm, &h::STREAM_CURSOR, &c),
         None => {
-            hm.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+            hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
         }
     }
     r
@@ -582,33 +582,33 @@ pub fn head(app: &Arc<App>, target: &Target, hm: &HeaderMap) -> ApiResult {
         render::empty(StatusCode::OK)
     };
     let out = r.headers_mut();
-    h::put(out, "content-type", &v.content_type);
-    h::put(out, h::STREAM_NEXT_OFFSET, &Off(v.tail).to_string());
-    out.insert(h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
+    h::put(out, &http::header::CONTENT_TYPE, &v.content_type);
+    h::put_off(out, &h::STREAM_NEXT_OFFSET, v.tail);
+    out.insert(&h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
     if v.closed {
-        out.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+        out.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     h::put_lifetime(out, &v.lifetime);
-    h::put(out, h::STREAM_INCARNATION, &v.incarnation.to_string());
-    h::put(out, "etag", &tag);
-    h::put(out, h::STREAM_RETAINED_OFFSET, &Off(v.retained).to_string());
+    h::put_incarnation(out, v.incarnation);
+    h::put(out, &http::header::ETAG, &tag);
+    h::put_off(out, &h::STREAM_RETAINED_OFFSET, v.retained);
     if v.json {
-        h::put(out, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
-        h::put(out, h::STREAM_RECORD_FIRST, &v.record_first.to_string());
-        h::put(out, h::STREAM_RECORD_NEXT, &v.record_next.to_string());
+        h::put(out, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put_u64(out, &h::STREAM_RECORD_FIRST, v.record_first);
+        h::put_u64(out, &h::STREAM_RECORD_NEXT, v.record_next);
     }
     if let Some((offset, digest)) = v.snapshot {
-        h::put(out, h::STREAM_SNAPSHOT_OFFSET, &Off(offset).to_string());
-        h::put(out, h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
+        h::put_off(out, &h::STREAM_SNAPSHOT_OFFSET, offset);
+        h::put(out, &h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
     }
     h::put(
         out,
-        h::MAX_REQUEST_BYTES_HDR,
+        &h::MAX_REQUEST_BYTES_HDR,
         &app.cfg.max_request_bytes.to_string(),
     );
     h::put(
         out,
-        h::MAX_SNAPSHOT_REQUEST_BYTES_HDR,
+        &h::MAX_SNAPSHOT_REQUEST_BYTES_HDR,
         &MAX_SNAPSHOT_REQUEST_BYTES.to_string(),
     );
     Ok(r)

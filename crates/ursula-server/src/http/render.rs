@@ -5,7 +5,6 @@ use super::headers as h;
 use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use ursula_core::command::{AppendReply, CreateReply};
-use ursula_core::offset::Off;
 
 pub fn empty(status: StatusCode) -> Resp {
     let mut r = Response::new(Body::empty());
@@ -15,9 +14,9 @@ pub fn empty(status: StatusCode) -> Resp {
 
 fn records(hm: &mut HeaderMap, json: bool, start: u64, next: u64) {
     if json {
-        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
-        h::put(hm, h::STREAM_RECORD_START, &start.to_string());
-        h::put(hm, h::STREAM_RECORD_NEXT, &next.to_string());
+        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put_u64(hm, &h::STREAM_RECORD_START, start);
+        h::put_u64(hm, &h::STREAM_RECORD_NEXT, next);
     }
 }
 
@@ -29,17 +28,17 @@ pub fn created(c: &CreateReply, location: &str) -> Resp {
         StatusCode::OK
     });
     let hm = r.headers_mut();
-    h::put(hm, "location", location);
-    h::put(hm, "content-type", &c.content_type);
-    h::put(hm, h::STREAM_NEXT_OFFSET, &Off(c.tail).to_string());
-    h::put(hm, h::STREAM_INCARNATION, &c.incarnation.to_string());
+    h::put(hm, &http::header::LOCATION, location);
+    h::put(hm, &http::header::CONTENT_TYPE, &c.content_type);
+    h::put_off(hm, &h::STREAM_NEXT_OFFSET, c.tail);
+    h::put_incarnation(hm, c.incarnation);
     h::put_lifetime(hm, &c.lifetime);
     if c.closed {
-        hm.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+        hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     if let Some((e, s)) = c.producer {
-        h::put(hm, h::PRODUCER_EPOCH, &e.to_string());
-        h::put(hm, h::PRODUCER_SEQ, &s.to_string());
+        h::put_u64(hm, &h::PRODUCER_EPOCH, e);
+        h::put_u64(hm, &h::PRODUCER_SEQ, s);
     }
     records(hm, c.json, c.record_start, c.record_next);
     r
@@ -54,14 +53,14 @@ pub fn appended(a: &AppendReply) -> Resp {
     };
     let mut r = empty(status);
     let hm = r.headers_mut();
-    h::put(hm, h::STREAM_NEXT_OFFSET, &Off(a.next_offset).to_string());
-    h::put(hm, h::STREAM_INCARNATION, &a.incarnation.to_string());
+    h::put_off(hm, &h::STREAM_NEXT_OFFSET, a.next_offset);
+    h::put_incarnation(hm, a.incarnation);
     if a.closed {
-        hm.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+        hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     if let Some((e, s)) = a.producer {
-        h::put(hm, h::PRODUCER_EPOCH, &e.to_string());
-        h::put(hm, h::PRODUCER_SEQ, &s.to_string());
+        h::put_u64(hm, &h::PRODUCER_EPOCH, e);
+        h::put_u64(hm, &h::PRODUCER_SEQ, s);
     }
     records(hm, a.json, a.record_start, a.record_next);
     r

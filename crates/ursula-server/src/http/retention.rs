@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use ursula_core::ErrorCode;
 use ursula_core::command::{At, Op, Reply};
-use ursula_core::offset::Off;
 
 /// A retention that freed at least this much asks for a Raft snapshot of its group at once,
 /// so the log (and then the WAL on disk) sheds the trimmed appends without waiting for the
@@ -56,8 +55,8 @@ pub async fn handle(
     }
     let mut resp = render::empty(StatusCode::NO_CONTENT);
     let hm = resp.headers_mut();
-    h::put(hm, h::STREAM_RETAINED_OFFSET, &Off(r.retained).to_string());
-    h::put(hm, h::STREAM_INCARNATION, &r.incarnation.to_string());
+    h::put_off(hm, &h::STREAM_RETAINED_OFFSET, r.retained);
+    h::put_incarnation(hm, r.incarnation);
     put_records(hm, r.json, r.record_first, r.record_next);
     Ok(resp)
 }

@@ -117,7 +117,7 @@ fn snapshot_content_type(hm: &HeaderMap) -> Result<String, ApiError> {
 
 /// `Stream-Snapshot-Match`: an empty value is malformed.
 fn snapshot_match(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
-    match h::text(hm, h::STREAM_SNAPSHOT_MATCH, ErrorCode::INVALID_HEADER)? {
+    match h::text(hm, &h::STREAM_SNAPSHOT_MATCH, ErrorCode::INVALID_HEADER)? {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Err(ApiError::new(
             ErrorCode::INVALID_HEADER,
@@ -145,7 +145,7 @@ async fn publish(
 ) -> ApiResult {
     let (parts, body) = req.into_parts();
     let hm = &parts.headers;
-    if hm.contains_key(h::STREAM_SNAPSHOT_PARTS) {
+    if hm.contains_key(&h::STREAM_SNAPSHOT_PARTS) {
         return Err(no_cold_store());
     }
     let at = match offset {
@@ -179,34 +179,34 @@ fn published(r: &SnapshotReply) -> Response<Body> {
     let mut resp = render::empty(StatusCode::NO_CONTENT);
     let hm = resp.headers_mut();
     put_snapshot(hm, r.offset, &r.digest);
-    h::put(hm, h::STREAM_INCARNATION, &r.incarnation.to_string());
-    h::put(hm, h::STREAM_NEXT_OFFSET, &Off(r.tail).to_string());
+    h::put_incarnation(hm, r.incarnation);
+    h::put_off(hm, &h::STREAM_NEXT_OFFSET, r.tail);
     put_records(hm, r.json, r.record_first, r.record_next);
     resp
 }
 
 fn put_snapshot(hm: &mut HeaderMap, offset: u64, digest: &Digest) {
-    h::put(hm, h::STREAM_SNAPSHOT_OFFSET, &Off(offset).to_string());
-    h::put(hm, h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
+    h::put_off(hm, &h::STREAM_SNAPSHOT_OFFSET, offset);
+    h::put(hm, &h::STREAM_SNAPSHOT_DIGEST, &digest.to_string());
 }
 
 /// `Stream-Extensions`, `Stream-Record-First` and `Stream-Record-Next` of a JSON stream.
 pub fn put_records(hm: &mut HeaderMap, json: bool, first: u64, next: u64) {
     if json {
-        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
-        h::put(hm, h::STREAM_RECORD_FIRST, &first.to_string());
-        h::put(hm, h::STREAM_RECORD_NEXT, &next.to_string());
+        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put_u64(hm, &h::STREAM_RECORD_FIRST, first);
+        h::put_u64(hm, &h::STREAM_RECORD_NEXT, next);
     }
 }
 
 /// Headers shared by the latest-snapshot redirect and the snapshot read: where to continue
 /// reading updates, and whether that is the tail.
 fn put_continuation(hm: &mut HeaderMap, v: &read::View, offset: u64) {
-    h::put(hm, h::STREAM_NEXT_OFFSET, &Off(offset).to_string());
+    h::put_off(hm, &h::STREAM_NEXT_OFFSET, offset);
     if offset == v.tail {
-        hm.insert(h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
+        hm.insert(&h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
     }
-    h::put(hm, h::STREAM_INCARNATION, &v.incarnation.to_string());
+    h::put_incarnation(hm, v.incarnation);
     put_records(hm, v.json, v.record_first, v.record_next);
 }
 
@@ -228,7 +228,7 @@ fn latest(app: &Arc<App>, target: &Target) -> ApiResult {
         pct_encode(target.key.stream()),
         Off(offset)
     );
-    h::put(hm, "location", &location);
+    h::put(hm, &http::header::LOCATION, &location);
     put_snapshot(hm, offset, &digest);
     put_continuation(hm, &v, offset);
     Ok(resp)
@@ -249,11 +249,11 @@ async fn read_at(app: &Arc<App>, target: &Target, seg: &str, touch: bool) -> Api
     }
     let mut resp = Response::new(Body::from(snapshot.blob));
     let hm = resp.headers_mut();
-    h::put(hm, "content-type", &snapshot.content_type);
+    h::put(hm, &http::header::CONTENT_TYPE, &snapshot.content_type);
     put_snapshot(hm, offset, &snapshot.digest);
     put_continuation(hm, &v, offset);
     if v.closed && offset == v.tail {
-        hm.insert(h::STREAM_CLOSED, HeaderValue::from_static("true"));
+        hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     Ok(resp)
 }

@@ -48,16 +48,16 @@ pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) ->
     } else {
         v.content_type.as_str()
     };
-    h::put(hm, h::STREAM_DATA_CONTENT_TYPE, data_ct);
-    h::put(hm, h::STREAM_INCARNATION, &v.incarnation.to_string());
+    h::put(hm, &h::STREAM_DATA_CONTENT_TYPE, data_ct);
+    h::put_incarnation(hm, v.incarnation);
     if enc == Encoding::Base64 {
         hm.insert(
-            h::STREAM_SSE_DATA_ENCODING,
+            &h::STREAM_SSE_DATA_ENCODING,
             HeaderValue::from_static("base64"),
         );
     }
     if v.json {
-        h::put(hm, h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
+        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
     let (tx, rx) = mpsc::channel::<Bytes>(8);
     read::check_waiter_capacity(&app)?;

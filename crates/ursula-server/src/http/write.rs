@@ -45,11 +45,11 @@ struct ForkHeaders {
 }
 
 fn fork_headers(hm: &HeaderMap, target: &Target) -> Result<Option<ForkHeaders>, ApiError> {
-    let from = h::text(hm, h::STREAM_FORKED_FROM, ErrorCode::INVALID_FORK_SOURCE)?;
-    let off = h::text(hm, h::STREAM_FORK_OFFSET, ErrorCode::INVALID_FORK_OFFSET)?;
+    let from = h::text(hm, &h::STREAM_FORKED_FROM, ErrorCode::INVALID_FORK_SOURCE)?;
+    let off = h::text(hm, &h::STREAM_FORK_OFFSET, ErrorCode::INVALID_FORK_OFFSET)?;
     let sub = h::text(
         hm,
-        h::STREAM_FORK_SUB_OFFSET,
+        &h::STREAM_FORK_SUB_OFFSET,
         ErrorCode::INVALID_FORK_SUB_OFFSET,
     )?;
     let Some(from) = from else {
