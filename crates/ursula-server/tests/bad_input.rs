@@ -1353,3 +1353,43 @@ fn extreme_but_valid_values_never_cause_server_errors() {
     }
     report.finish();
 }
+
+#[test]
+fn a_body_that_stops_arriving_gets_408_and_appends_nothing() {
+    let cfg_dir = tempfile::tempdir().expect("temp dir");
+    let cfg = cfg_dir.path().join("ursula.toml");
+    std::fs::write(&cfg, "body_timeout_ms = 600\n").expect("write config");
+    let s = Server::start_with_args(&["--config", cfg.to_str().expect("utf-8 path")]);
+    assert_eq!(s.put("/badinput/slow", "text/plain", b"kept\n").status, 201);
+    let a = s.addr();
+
+    let mut stalled = TcpStream::connect(a).expect("connect");
+    let t0 = Instant::now();
+    stalled
+        .write_all(
+            format!("POST /badinput/slow HTTP/1.1\r\nHost: {a}\r\nContent-Type: text/plain\r\nContent-Length: 100\r\n\r\npartial-\n")
+                .as_bytes(),
+        )
+        .expect("write partial body");
+    let mut c = Conn::from_stream(stalled).expect("wrap stream");
+    c.set_read_timeout(Duration::from_secs(10))
+        .expect("timeout");
+    let r = c
+        .read_response(false)
+        .expect("an answer to the stalled body");
+    let waited = t0.elapsed();
+    assert_eq!(r.status, 408, "{}", r.describe());
+    assert_eq!(check_error_body(&r), Ok("REQUEST_TIMEOUT".to_owned()));
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(8),
+        "answered after {waited:?}, with body_timeout_ms = 600"
+    );
+
+    // A body that arrives whole is not affected, and the partial one was never appended.
+    assert_eq!(
+        s.post("/badinput/slow", "text/plain", b"more\n").status,
+        204
+    );
+    let (bytes, _) = s.read_all("/badinput/slow");
+    assert_eq!(bytes, b"kept\nmore\n");
+}

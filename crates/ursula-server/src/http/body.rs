@@ -6,6 +6,8 @@ use axum::body::Body;
 use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body_util::BodyExt;
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 use ursula_core::ErrorCode;
 
@@ -36,7 +38,8 @@ pub async fn read(
     let timeout = Duration::from_millis(app.cfg.body_timeout_ms);
     let collect = async {
         let mut body = body;
-        let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit) as usize);
+        // Allocated only for a body that arrives in several frames.
+        let mut buf = BytesMut::new();
         let mut single: Option<Bytes> = None;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
@@ -59,6 +62,7 @@ pub async fn read(
                 single = Some(data);
             } else {
                 if let Some(first) = single.take() {
+                    buf.reserve(declared.unwrap_or(0).min(limit) as usize);
                     buf.extend_from_slice(&first);
                 }
                 buf.extend_from_slice(&data);
@@ -72,6 +76,13 @@ pub async fn read(
             None => buf.freeze(),
         })
     };
+    // A small body usually arrived with the head: then one poll reads it, and no timer is
+    // registered for the request.
+    let mut collect = std::pin::pin!(collect);
+    let first = std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await;
+    if let Poll::Ready(r) = first {
+        return r;
+    }
     match tokio::time::timeout(timeout, collect).await {
         Ok(r) => r,
         Err(_) => Err(ApiError::new(
