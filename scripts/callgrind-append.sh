@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Repeatable CPU cost of a durable append: user-space instructions per append, counted by
+# valgrind's callgrind while ursula-bench appends over CONNS connections (default 1, so every
+# append is its own batch and the count does not depend on timing). Kernel time (TCP, fsync)
+# is not counted; use it to compare builds, not as a throughput figure.
+#
+# usage: scripts/callgrind-append.sh [binary] ; env CONNS=1 SECONDS_MEASURED=8 OUT=dir
+# prints: appends, appends per WAL sync, instructions per append; leaves the callgrind file
+# in $OUT for callgrind_annotate.
+set -euo pipefail
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+BIN=${1:-$ROOT/target/release/ursula}
+BENCH=$ROOT/target/release/ursula-bench
+CONNS=${CONNS:-1}
+MEASURE=${SECONDS_MEASURED:-8}
+OUT=${OUT:-$(mktemp -d)}
+command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
+[[ -x $BIN && -x $BENCH ]] || { echo "build first: cargo build --release --workspace --bins"; exit 1; }
+
+DATA=$(mktemp -d)
+LOG=$OUT/server.log
+NO_COLOR=1 valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.out" \
+  "$BIN" server --listen 127.0.0.1:0 --data-dir "$DATA/data" 2>"$LOG" &
+VG=$!
+cleanup() { kill "$VG" 2>/dev/null || true; wait "$VG" 2>/dev/null || true; rm -rf "$DATA"; }
+trap cleanup EXIT
+ADDR=
+for _ in $(seq 1 600); do
+  ADDR=$(grep -o 'addr=[0-9.:]*' "$LOG" | head -n1 | cut -d= -f2 || true)
+  [[ -n $ADDR ]] && curl -sf "http://$ADDR/__ursula/health" >/dev/null && break
+  ADDR=
+  sleep 0.1
+done
+[[ -n $ADDR ]] || { echo "server did not start"; tail "$LOG"; exit 1; }
+URL=http://$ADDR
+metric() { curl -s "$URL/__ursula/metrics/prometheus" | awk -v m="$1" '$1 == m {print $2}'; }
+
+# Warm up (streams created, code paths hot), then count only the measured window.
+"$BENCH" --url "$URL" append --streams 10 -c "$CONNS" --body-size 128 --duration 3s --warmup 0s --quiet >/dev/null
+a0=$(metric ursula_appends_total); s0=$(metric ursula_wal_syncs_total)
+callgrind_control -z "$VG" >/dev/null 2>&1
+"$BENCH" --url "$URL" append --streams 10 -c "$CONNS" --body-size 128 --duration "${MEASURE}s" --warmup 0s --quiet >/dev/null
+callgrind_control -d "$VG" >/dev/null 2>&1
+a1=$(metric ursula_appends_total); s1=$(metric ursula_wal_syncs_total)
+cleanup
+trap - EXIT
+
+DUMP=$(ls -S "$OUT"/callgrind.out.* | head -n1)
+IR=$(callgrind_annotate "$DUMP" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+python3 - "$a0" "$a1" "$s0" "$s1" "$IR" "$DUMP" <<'EOF'
+import sys
+a0, a1, s0, s1, ir = (float(x) for x in sys.argv[1:6])
+appends, syncs = a1 - a0, max(s1 - s0, 1)
+print(f"appends {appends:.0f}  appends/sync {appends / syncs:.2f}  instructions/append {ir / appends:.0f}")
+print(f"callgrind file: {sys.argv[6]}")
+EOF
