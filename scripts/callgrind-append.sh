@@ -14,6 +14,7 @@ BENCH=$ROOT/target/release/ursula-bench
 CONNS=${CONNS:-1}
 MEASURE=${SECONDS_MEASURED:-8}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
 [[ -x $BIN && -x $BENCH ]] || { echo "build first: cargo build --release --workspace --bins"; exit 1; }
 

@@ -1,6 +1,7 @@
 //! Request-target routing (README §4.4): operational, compatibility, bucket and stream routes.
 
 use super::error::ApiError;
+use std::borrow::Cow;
 use ursula_core::ErrorCode;
 use ursula_core::ids::{self, COMPAT_BUCKET, RESERVED_BUCKET, StreamKey};
 
@@ -44,8 +45,13 @@ pub enum Route {
 
 /// Percent-decodes one segment as UTF-8; `None` for bad escapes or invalid UTF-8.
 pub fn pct_decode(seg: &str) -> Option<String> {
+    pct_decode_cow(seg).map(Cow::into_owned)
+}
+
+/// [`pct_decode`], borrowing `seg` when it has nothing to decode (the common case).
+fn pct_decode_cow(seg: &str) -> Option<Cow<'_, str>> {
     if !seg.contains('%') {
-        return Some(seg.to_owned());
+        return Some(Cow::Borrowed(seg));
     }
     let b = seg.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -61,7 +67,7 @@ pub fn pct_decode(seg: &str) -> Option<String> {
             i += 1;
         }
     }
-    String::from_utf8(out).ok()
+    String::from_utf8(out).ok().map(Cow::Owned)
 }
 
 /// Percent-encodes a decoded segment for use in a path.
@@ -116,7 +122,7 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
         return Ok(Route::NotFound);
     }
     let segs: Vec<&str> = rest.split('/').collect();
-    let first = pct_decode(segs[0]).ok_or_else(|| {
+    let first = pct_decode_cow(segs[0]).ok_or_else(|| {
         ApiError::new(ErrorCode::INVALID_BUCKET_ID, "bucket id is not valid UTF-8")
     })?;
     if first == RESERVED_BUCKET {
@@ -133,14 +139,15 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
     ids::validate_bucket(&first)
         .map_err(|e| ApiError::new(ErrorCode::INVALID_BUCKET_ID, e.to_string()))?;
     if segs.len() == 1 || (segs.len() == 2 && segs[1].is_empty()) {
-        return Ok(Route::Bucket(first));
+        return Ok(Route::Bucket(first.into_owned()));
     }
-    let second = pct_decode(segs[1]).ok_or_else(|| bad_stream("stream id is not valid UTF-8"))?;
+    let second =
+        pct_decode_cow(segs[1]).ok_or_else(|| bad_stream("stream id is not valid UTF-8"))?;
     if second == "__ds" {
         return Ok(Route::NotFound);
     }
     if segs.len() == 2 && second == "streams" {
-        return Ok(Route::List(first));
+        return Ok(Route::List(first.into_owned()));
     }
     ids::validate_stream(&first, &second).map_err(|e| bad_stream(&e.to_string()))?;
     let target = Target {
