@@ -15,6 +15,7 @@ CONNS=${CONNS:-1}
 MEASURE=${SECONDS_MEASURED:-8}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
+rm -f "$OUT"/callgrind.out*
 command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
 [[ -x $BIN && -x $BENCH ]] || { echo "build first: cargo build --release --workspace --bins"; exit 1; }
 
@@ -27,6 +28,7 @@ cleanup() { kill "$VG" 2>/dev/null || true; wait "$VG" 2>/dev/null || true; rm -
 trap cleanup EXIT
 ADDR=
 for _ in $(seq 1 600); do
+  kill -0 "$VG" 2>/dev/null || break
   ADDR=$(grep -o 'addr=[0-9.:]*' "$LOG" | head -n1 | cut -d= -f2 || true)
   [[ -n $ADDR ]] && curl -sf "http://$ADDR/__ursula/health" >/dev/null && break
   ADDR=
@@ -39,19 +41,23 @@ metric() { curl -s "$URL/__ursula/metrics/prometheus" | awk -v m="$1" '$1 == m {
 # Warm up (streams created, code paths hot), then count only the measured window.
 "$BENCH" --url "$URL" append --streams 10 -c "$CONNS" --body-size 128 --duration 3s --warmup 0s --quiet >/dev/null
 a0=$(metric ursula_appends_total); s0=$(metric ursula_wal_syncs_total)
-callgrind_control -z "$VG" >/dev/null 2>&1
+callgrind_control -z "$VG" 2>&1 | grep -q OK || { echo "callgrind_control -z failed"; exit 1; }
 "$BENCH" --url "$URL" append --streams 10 -c "$CONNS" --body-size 128 --duration "${MEASURE}s" --warmup 0s --quiet >/dev/null
-callgrind_control -d "$VG" >/dev/null 2>&1
+callgrind_control -d "$VG" 2>&1 | grep -q OK || { echo "callgrind_control -d failed"; exit 1; }
 a1=$(metric ursula_appends_total); s1=$(metric ursula_wal_syncs_total)
 cleanup
 trap - EXIT
 
-DUMP=$(ls -S "$OUT"/callgrind.out.* | head -n1)
+# The dump requested above; the one valgrind writes at exit is plain callgrind.out.
+DUMP=$OUT/callgrind.out.1
+[[ -s $DUMP ]] || { echo "no callgrind dump in $OUT"; exit 1; }
 IR=$(callgrind_annotate "$DUMP" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-python3 - "$a0" "$a1" "$s0" "$s1" "$IR" "$DUMP" <<'EOF'
+python3 - "${a0:-0}" "${a1:-0}" "${s0:-0}" "${s1:-0}" "${IR:-0}" "$DUMP" <<'EOF'
 import sys
 a0, a1, s0, s1, ir = (float(x) for x in sys.argv[1:6])
 appends, syncs = a1 - a0, max(s1 - s0, 1)
+if appends <= 0 or ir <= 0:
+    sys.exit(f"nothing measured: {appends:.0f} appends, {ir:.0f} instructions")
 print(f"appends {appends:.0f}  appends/sync {appends / syncs:.2f}  instructions/append {ir / appends:.0f}")
 print(f"callgrind file: {sys.argv[6]}")
 EOF

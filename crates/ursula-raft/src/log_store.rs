@@ -32,8 +32,11 @@ use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 struct Stored {
     log_id: LogId,
     payload: Arc<[u8]>,
-    /// The entry as appended, until its first read (in practice: to be applied, moments after
-    /// it was made durable), which takes it instead of decoding `payload`. Later reads decode.
+    /// The entry as appended, until its first read, which takes it instead of decoding
+    /// `payload`; later reads decode. On a single node, and on a follower, the first read is
+    /// the apply, moments after the entry became durable; on a multi-node leader it is
+    /// replication, and apply decodes. Until then the entry is held twice (not counted in
+    /// `bytes`), for as long as the commit takes.
     fresh: Option<Entry>,
     /// The entry's WAL LSN, or a lower bound of it while the append is in flight.
     lsn: Lsn,
@@ -726,6 +729,28 @@ mod tests {
             encoded(all)[1..],
             encoded(log.entries_in(1..3).unwrap())[..]
         );
+
+        // An index overwritten (a new leader's entry) reads as the new entry, fresh or not.
+        let replacement = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(2, 1), 1),
+            payload: EntryPayload::Normal(Batch(vec![cmd(99)])),
+        };
+        let payload = codec::encode_entry(&replacement).unwrap();
+        let expected = payload.clone();
+        log.lock()
+            .insert(Stored {
+                log_id: replacement.log_id,
+                bytes: payload.len() as u64,
+                payload: Arc::from(payload),
+                fresh: Some(replacement),
+                lsn: 2,
+            })
+            .unwrap();
+        assert_eq!(indexes(&log.lock()), vec![(1, 0), (2, 1)]);
+        for _ in 0..2 {
+            let read = log.entries_in(1..).unwrap();
+            assert_eq!(encoded(read), vec![expected.clone()]);
+        }
     }
 
     #[test]

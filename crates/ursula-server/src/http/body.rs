@@ -22,11 +22,35 @@ fn too_large(limit: u64) -> ApiError {
 }
 
 /// Reads the whole body; `413` beyond `limit`, `408` when it does not arrive in time.
+///
+/// A large body that arrived in one frame is returned as a slice of the connection's read
+/// buffer, which it keeps alive: fine for bytes that are copied on (appends). A body the
+/// state keeps as it is must use [`read_owned`].
 pub async fn read(
     app: &App,
     headers: &HeaderMap,
     body: Body,
     limit: u64,
+) -> Result<Bytes, ApiError> {
+    read_copying_below(app, headers, body, limit, COPY_BELOW).await
+}
+
+/// [`read`], always into an allocation of the body's own.
+pub async fn read_owned(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+) -> Result<Bytes, ApiError> {
+    read_copying_below(app, headers, body, limit, usize::MAX).await
+}
+
+async fn read_copying_below(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    copy_below: usize,
 ) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -71,7 +95,7 @@ pub async fn read(
         // A one-frame body is a slice of the connection's read buffer; a small one is copied
         // out so that what the log and state keep does not pin that whole buffer.
         Ok(match single {
-            Some(b) if b.len() < COPY_BELOW => Bytes::copy_from_slice(&b),
+            Some(b) if b.len() < copy_below => Bytes::copy_from_slice(&b),
             Some(b) => b,
             None => buf.freeze(),
         })

@@ -229,7 +229,7 @@ pub fn format_expiry(ms: u64) -> String {
 /// Puts the lifetime headers of a stream.
 pub fn put_lifetime(hm: &mut HeaderMap, lt: &Lifetime) {
     if let Some(t) = lt.ttl_s {
-        put(hm, &STREAM_TTL, &t.to_string());
+        put_u64(hm, &STREAM_TTL, t);
     }
     if let Some(e) = lt.expires_at_ms {
         put(hm, &STREAM_EXPIRES_AT, &format_expiry(e));

@@ -10,7 +10,7 @@ pub fn empty(status: StatusCode) -> Resp {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = status;
     // Room for the protocol headers and the common ones without growing the map.
-    *r.headers_mut() = HeaderMap::with_capacity(12);
+    *r.headers_mut() = HeaderMap::with_capacity(16);
     r
 }
 

@@ -155,7 +155,8 @@ async fn publish(
     let content_type = snapshot_content_type(hm)?;
     let snapshot_match = snapshot_match(hm)?;
     let incarnation = h::incarnation(hm)?;
-    let blob = body::read(app, hm, body, MAX_SNAPSHOT_REQUEST_BYTES).await?;
+    // The stream keeps the blob as it is: it must not pin a connection's read buffer.
+    let blob = body::read_owned(app, hm, body, MAX_SNAPSHOT_REQUEST_BYTES).await?;
     let digest = digest_of(content_type.clone(), blob.clone()).await?;
     let op = Op::PublishSnapshot(Box::new(PublishSnapshotReq {
         key: target.key.clone(),
