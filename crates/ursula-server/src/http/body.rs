@@ -92,8 +92,8 @@ async fn read_copying_below(
                 buf.extend_from_slice(&data);
             }
         }
-        // A one-frame body is a slice of the connection's read buffer; a small one is copied
-        // out so that what the log and state keep does not pin that whole buffer.
+        // A one-frame body is a slice of the connection's read buffer; one below `copy_below`
+        // is copied out so that what the log and state keep does not pin that whole buffer.
         Ok(match single {
             Some(b) if b.len() < copy_below => Bytes::copy_from_slice(&b),
             Some(b) => b,

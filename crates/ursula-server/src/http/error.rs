@@ -125,7 +125,7 @@ fn put_facts(hm: &mut http::HeaderMap, f: &Facts) {
         h::put_off(hm, &h::STREAM_EARLIEST_OFFSET, o);
     }
     if f.closed {
-        h::put(hm, &h::STREAM_CLOSED, "true");
+        hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     if let Some(e) = f.producer_epoch {
         h::put_u64(hm, &h::PRODUCER_EPOCH, e);
