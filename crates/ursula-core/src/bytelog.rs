@@ -12,6 +12,7 @@
 //! encodes it elsewhere while appends go on. An append to a last chunk that a clone still
 //! shares copies that chunk first (at most [`CHUNK_BYTES`]).
 
+use bytes::Bytes;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
@@ -130,6 +131,27 @@ impl ByteLog {
         }
     }
 
+    /// Hands the bytes of `[lo, hi)` (clamped) to `f` as shared [`Bytes`], one per chunk
+    /// touched, without copying them: the chunks stay alive as long as the `Bytes` do (an
+    /// append to a shared last chunk copies that chunk first, as for a snapshot's clone).
+    pub fn share_into(&self, lo: usize, hi: usize, mut f: impl FnMut(Bytes)) {
+        let hi = hi.min(self.len);
+        let mut pos = lo.min(hi) + self.skip;
+        let end = hi + self.skip;
+        while pos < end {
+            let Some(chunk) = self.chunks.get(pos / CHUNK_BYTES) else {
+                return;
+            };
+            let at = pos % CHUNK_BYTES;
+            let n = (end - pos).min(chunk.len().saturating_sub(at));
+            if n == 0 {
+                return;
+            }
+            f(Bytes::from_owner(SharedChunk(Arc::clone(chunk))).slice(at..at + n));
+            pos += n;
+        }
+    }
+
     /// All bytes held, as one vector (tests and tools).
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len);
@@ -155,6 +177,15 @@ impl ByteLog {
         let mut log = ByteLog::new();
         log.push(&v);
         log
+    }
+}
+
+/// A chunk shared with a [`Bytes`] handed out by [`ByteLog::share_into`].
+struct SharedChunk(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for SharedChunk {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
     }
 }
 

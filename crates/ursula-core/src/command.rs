@@ -3,6 +3,7 @@
 //! Every command is stamped by the leader with `now_ms` (wall-clock milliseconds), so
 //! applying a command is deterministic on every replica and during recovery.
 
+use crate::cold::{FlushReq, ObjectId};
 use crate::error::Rejection;
 use crate::ids::{Incarnation, StreamKey};
 use crate::snapshot::{Digest, Snapshot};
@@ -75,6 +76,12 @@ pub enum Op {
     PurgeBucket {
         bucket: String,
     },
+    /// Publish an uploaded cold object's slices as chunk references (cluster.md §6.2).
+    ColdFlush(Box<FlushReq>),
+    /// Forget cold objects the leader deleted (cluster.md §6.5).
+    ColdGcDone {
+        objects: Vec<ObjectId>,
+    },
 }
 
 /// Which streams' live readers a command may concern (see [`Op::affects`]).
@@ -110,6 +117,8 @@ impl Op {
             Op::CreateBucket { .. }
             | Op::DeleteBucket { .. }
             | Op::OutboxDone { .. }
+            | Op::ColdFlush(_)
+            | Op::ColdGcDone { .. }
             | Op::Noop => Affects::Nothing,
         }
     }

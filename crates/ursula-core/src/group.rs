@@ -1,5 +1,6 @@
 //! The state of one Raft group: its streams, buckets and fork outbox, and `apply`.
 
+use crate::cold::{ColdState, ObjectId};
 use crate::command::*;
 use crate::content_type;
 use crate::error::{ErrorCode, Rejection};
@@ -28,6 +29,8 @@ pub struct GroupState {
     pub fenced: BTreeSet<String>,
     pub outbox: BTreeMap<u64, OutboxItem>,
     pub next_outbox_id: u64,
+    /// Cold-tier objects in use and waiting for deletion (see [`crate::cold`]).
+    pub cold: ColdState,
 }
 
 fn not_found() -> Rejection {
@@ -120,8 +123,23 @@ impl GroupState {
                 key,
                 at,
                 incarnation,
-            } => self.stream_for_update(key, now, *incarnation)?.retain(*at),
+            } => {
+                let mut released = Vec::new();
+                let r = self
+                    .stream_for_update(key, now, *incarnation)?
+                    .retain(*at, &mut released);
+                self.cold.release(&released);
+                r
+            }
             Op::PurgeBucket { bucket } => Ok(self.purge_bucket(bucket)),
+            Op::ColdFlush(req) => {
+                self.apply_flush(req);
+                Ok(Reply::Done)
+            }
+            Op::ColdGcDone { objects } => {
+                self.apply_gc_done(objects);
+                Ok(Reply::Done)
+            }
         }
     }
 
@@ -140,7 +158,15 @@ impl GroupState {
     /// them: forks never leave their bucket) and fences the ID.
     fn purge_bucket(&mut self, bucket: &str) -> Reply {
         let before = self.streams.len();
-        self.streams.retain(|k, _| k.bucket() != bucket);
+        let mut released = Vec::new();
+        self.streams.retain(|k, s| {
+            let keep = k.bucket() != bucket;
+            if !keep {
+                s.release_all_cold(&mut released);
+            }
+            keep
+        });
+        self.cold.release(&released);
         self.outbox.retain(|_, item| item.source.bucket() != bucket);
         self.buckets.remove(bucket);
         if bucket != crate::ids::COMPAT_BUCKET {
@@ -198,9 +224,13 @@ impl GroupState {
     }
 
     fn remove(&mut self, key: &StreamKey) {
-        if let Some(s) = self.streams.remove(key)
-            && let Some(link) = s.fork
-        {
+        let Some(mut s) = self.streams.remove(key) else {
+            return;
+        };
+        let mut released = Vec::new();
+        s.release_all_cold(&mut released);
+        self.cold.release(&released);
+        if let Some(link) = s.fork {
             let id = self.next_outbox_id;
             self.next_outbox_id += 1;
             self.outbox.insert(
@@ -223,7 +253,9 @@ impl GroupState {
             self.remove(key);
         } else {
             // The pin may have been what kept old bytes below the retained offset.
-            s.trim();
+            let mut released: Vec<ObjectId> = Vec::new();
+            s.trim(&mut released);
+            self.cold.release(&released);
         }
     }
 
@@ -367,6 +399,7 @@ impl GroupState {
             cut_offset,
             retained,
             snapshot,
+            cold: Default::default(),
         };
         let record_start = s.record_next();
         s.push(&req.payload);

@@ -3,7 +3,8 @@
 //! No async, no IO, no clock: time arrives inside each [`command::Command`].
 //!
 //! Module map:
-//! - [`bytelog`]: a stream's held bytes in fixed-size chunks.
+//! - [`bytelog`]: a stream's hot bytes in fixed-size chunks.
+//! - [`cold`]: chunk references into the cold tier, flushes, object GC, read plans.
 //! - [`ids`]: bucket and stream IDs, stream keys, group placement, incarnations.
 //! - [`offset`]: the 20-digit offset tokens and their accepted input forms.
 //! - [`content_type`]: normalization, matching, JSON/text detection.
@@ -17,6 +18,7 @@
 //! - [`group`]: one Raft group's state and `apply`.
 
 pub mod bytelog;
+pub mod cold;
 pub mod command;
 pub mod content_type;
 pub mod error;

@@ -6,6 +6,7 @@
 //! reads from (forks.md §10.4). Record ordinals never change: dropped message ends are
 //! counted in `ends_cut`.
 
+use crate::cold::ObjectId;
 use crate::command::{At, Reply, Response, RetainReply};
 use crate::error::{ErrorCode, Rejection};
 use crate::snapshot::{not_json, put_records};
@@ -14,7 +15,8 @@ use crate::stream::StreamState;
 impl StreamState {
     /// Advances retention to `at` after the checks of extensions.md §7 rules 3-7, in order.
     /// The caller has checked existence and the incarnation (rule 2).
-    pub(crate) fn retain(&mut self, at: At) -> Response {
+    /// Cold objects whose references the trim dropped are added to `released`.
+    pub(crate) fn retain(&mut self, at: At, released: &mut Vec<ObjectId>) -> Response {
         let boundary = match at {
             At::Offset(o) => o,
             At::Record(n) => {
@@ -68,7 +70,7 @@ impl StreamState {
             ));
         }
         self.retained = boundary;
-        let freed = self.trim();
+        let freed = self.trim(released);
         Ok(self.retain_reply(freed))
     }
 
@@ -92,9 +94,12 @@ impl StreamState {
             .fold(self.retained, u64::min)
     }
 
-    /// Drops own bytes below [`StreamState::keep_from`] and message ends at or below the
-    /// retained offset. Returns how many bytes were freed. Idempotent.
-    pub(crate) fn trim(&mut self) -> u64 {
+    /// Drops own bytes below [`StreamState::keep_from`] (hot bytes, and cold references
+    /// that end at or below it, whose objects go to `released`) and message ends at or
+    /// below the retained offset. Returns how many hot and index bytes were freed.
+    /// Idempotent.
+    pub(crate) fn trim(&mut self, released: &mut Vec<ObjectId>) -> u64 {
+        self.trim_cold(self.keep_from(), released);
         let keep = self.keep_from().clamp(self.data_start, self.tail);
         let drop = usize::try_from(keep - self.data_start).unwrap_or(self.data.len());
         let mut freed = 0;

@@ -1,6 +1,7 @@
 //! The state of one stream incarnation.
 
 use crate::bytelog::ByteLog;
+use crate::cold::ColdChunks;
 use crate::command::Lifetime;
 use crate::ids::{Incarnation, StreamKey};
 use crate::producer::ProducerState;
@@ -52,7 +53,8 @@ pub struct StreamState {
     pub soft_deleted: bool,
     /// First offset this stream wrote itself (the fork point for forks, else 0).
     pub own_start: u64,
-    /// First offset still held in `data` (`>= own_start`); retention moves it forward.
+    /// First offset still held in memory in `data` (`>= own_start`); retention and cold
+    /// flushes move it forward. Own bytes below it that are still held are in `cold`.
     pub data_start: u64,
     /// This stream's own bytes that are still held: offsets `[data_start, tail)`.
     pub data: ByteLog,
@@ -69,6 +71,8 @@ pub struct StreamState {
     pub retained: u64,
     /// The visible (latest) snapshot.
     pub snapshot: Option<Snapshot>,
+    /// Own bytes below `data_start` that were flushed to the cold tier (see [`crate::cold`]).
+    pub cold: ColdChunks,
 }
 
 impl StreamState {
@@ -162,7 +166,7 @@ impl StreamState {
         }
     }
 
-    /// Whether this stream still holds its own bytes `[start, end)`.
+    /// Whether this stream still holds its own bytes `[start, end)` in memory (hot).
     pub fn holds(&self, start: u64, end: u64) -> bool {
         self.data_start <= start && start <= end && end <= self.tail
     }
@@ -217,6 +221,7 @@ mod tests {
             cut_offset: 0,
             retained: 0,
             snapshot: None,
+            cold: ColdChunks::default(),
         };
         for l in lines {
             s.push(format!("{l}\n").as_bytes());

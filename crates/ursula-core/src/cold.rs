@@ -1,0 +1,333 @@
+//! The cold tier as the replicated state sees it (cluster.md §6).
+//!
+//! A stream's own bytes live in two places: the oldest ones in immutable objects of the cold
+//! tier, described here by [`ChunkRef`]s, and the newest ones in memory (the hot ring, the
+//! stream's [`ByteLog`](crate::bytelog::ByteLog)). Once flushed, bytes never enter this
+//! crate's state again: the state holds where they are, not what they are, so a Raft snapshot
+//! and a restart cost grows with the hot bytes and the metadata, not with the data held.
+//!
+//! The flow, every step a replicated command so that every replica agrees:
+//! 1. the group's leader picks hot ranges ([`GroupState::flush_candidates`]), packs their bytes
+//!    into one object and uploads it (outside this crate, with a conditional create);
+//! 2. it proposes [`FlushReq`]; applying it turns each still-hot range into a chunk
+//!    reference and releases the hot bytes ([`GroupState::apply_flush`]);
+//! 3. retention, deletion, expiry and purges drop chunk references; an object that no
+//!    reference uses any more is queued in [`ColdState::gc`] (never earlier: a fork's pin
+//!    keeps its source's references, so the object stays);
+//! 4. the leader deletes queued objects and proposes [`Op::ColdGcDone`](crate::Op) to
+//!    forget them.
+//!
+//! A read asks for a plan ([`StreamState::plan_own`]): which parts of a range are hot
+//! (shared, zero-copy [`Bytes`]) and which are ranges of cold objects, so the caller can
+//! fetch cold bytes without holding the group's lock.
+
+use crate::ids::{Incarnation, StreamKey};
+use crate::stream::StreamState;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// An object of the cold tier written by this group. Ids are assigned by the leader from
+/// [`ColdState::next_object`] and are never reused: an upload is a conditional create, so a
+/// leader that finds its id taken (an upload whose flush never committed) takes the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ObjectId(pub u64);
+
+/// Bytes `[start, end)` of a stream, stored at payload position `pos` of `object`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    pub start: u64,
+    pub end: u64,
+    pub object: ObjectId,
+    pub pos: u64,
+}
+
+/// A stream's flushed bytes: chunk references in offset order, each starting where the
+/// previous one ends; the last one ends where the stream's hot bytes start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdChunks {
+    chunks: VecDeque<ChunkRef>,
+}
+
+impl ColdChunks {
+    /// First flushed offset still referenced, if any.
+    pub fn start(&self) -> Option<u64> {
+        self.chunks.front().map(|c| c.start)
+    }
+
+    /// The references, in offset order.
+    pub fn iter(&self) -> impl Iterator<Item = &ChunkRef> {
+        self.chunks.iter()
+    }
+
+    /// Number of references.
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// Whether nothing is flushed.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn push(&mut self, c: ChunkRef) {
+        self.chunks.push_back(c);
+    }
+
+    /// Drops every reference that ends at or below `keep`, reporting each one's object.
+    fn drop_below(&mut self, keep: u64, released: &mut Vec<ObjectId>) {
+        while let Some(c) = self.chunks.front() {
+            if c.end > keep {
+                break;
+            }
+            released.push(c.object);
+            self.chunks.pop_front();
+        }
+    }
+
+    /// Drops every reference, reporting each one's object.
+    fn drain_into(&mut self, released: &mut Vec<ObjectId>) {
+        released.extend(self.chunks.drain(..).map(|c| c.object));
+    }
+}
+
+/// Where one part of a planned read lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Hot bytes, shared with the stream's memory (no copy was made).
+    Hot(Bytes),
+    /// `len` bytes at payload position `pos` of a cold object.
+    Cold {
+        object: ObjectId,
+        pos: u64,
+        len: u64,
+    },
+}
+
+impl Piece {
+    /// Bytes this piece covers.
+    pub fn len(&self) -> u64 {
+        match self {
+            Piece::Hot(b) => b.len() as u64,
+            Piece::Cold { len, .. } => *len,
+        }
+    }
+
+    /// Whether the piece covers nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How many chunk references use a live object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectUse {
+    pub refs: u32,
+}
+
+/// A group's cold bookkeeping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdState {
+    /// Objects that chunk references still use.
+    pub objects: BTreeMap<ObjectId, ObjectUse>,
+    /// Objects no reference uses: the leader deletes them, then forgets them with
+    /// `ColdGcDone`.
+    pub gc: BTreeSet<ObjectId>,
+    /// The lowest id no flush has used.
+    pub next_object: u64,
+}
+
+impl ColdState {
+    /// Forgets one reference to each of `released` (one entry per dropped reference);
+    /// objects left without references are queued for deletion.
+    pub(crate) fn release(&mut self, released: &[ObjectId]) {
+        for id in released {
+            let Some(u) = self.objects.get_mut(id) else {
+                continue;
+            };
+            u.refs = u.refs.saturating_sub(1);
+            if u.refs == 0 {
+                self.objects.remove(id);
+                self.gc.insert(*id);
+            }
+        }
+    }
+
+    /// Whether `id` was ever published by a flush (live or queued for deletion), or lies
+    /// below the ids handed out so far.
+    fn known(&self, id: ObjectId) -> bool {
+        id.0 < self.next_object || self.objects.contains_key(&id) || self.gc.contains(&id)
+    }
+}
+
+/// One stream's range inside a flush object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushSlice {
+    pub key: StreamKey,
+    pub incarnation: Incarnation,
+    pub start: u64,
+    pub end: u64,
+    /// Payload position of `start` in the object.
+    pub pos: u64,
+}
+
+/// Publishes an uploaded object's slices as chunk references (cluster.md §6.2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushReq {
+    pub object: ObjectId,
+    pub slices: Vec<FlushSlice>,
+}
+
+/// A range a flush may move to the cold tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlushCandidate {
+    pub key: StreamKey,
+    pub incarnation: Incarnation,
+    pub start: u64,
+    pub end: u64,
+}
+
+impl StreamState {
+    /// The lowest own offset still held, in the cold tier or in memory.
+    pub fn held_start(&self) -> u64 {
+        self.cold.start().unwrap_or(self.data_start)
+    }
+
+    /// Hot bytes held in memory.
+    pub fn hot_len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    /// Plans a read of own bytes `[start, end)`: appends, in order, the pieces that cover
+    /// it. Returns false (and appends nothing) when the stream no longer holds all of it.
+    pub fn plan_own(&self, start: u64, end: u64, out: &mut Vec<Piece>) -> bool {
+        if !(self.held_start() <= start && start <= end && end <= self.tail) {
+            return false;
+        }
+        let mut at = start;
+        if at < self.data_start {
+            let first = self.cold.chunks.partition_point(|c| c.end <= at);
+            for c in self.cold.chunks.range(first..) {
+                if at >= end.min(self.data_start) {
+                    break;
+                }
+                let hi = end.min(c.end);
+                out.push(Piece::Cold {
+                    object: c.object,
+                    pos: c.pos + (at - c.start),
+                    len: hi - at,
+                });
+                at = hi;
+            }
+        }
+        if at < end {
+            let lo = usize::try_from(at - self.data_start).unwrap_or(usize::MAX);
+            let hi = usize::try_from(end - self.data_start).unwrap_or(usize::MAX);
+            self.data.share_into(lo, hi, |b| out.push(Piece::Hot(b)));
+        }
+        true
+    }
+
+    /// Drops cold references wholly below `keep`; see [`StreamState::trim`].
+    pub(crate) fn trim_cold(&mut self, keep: u64, released: &mut Vec<ObjectId>) {
+        self.cold.drop_below(keep, released);
+    }
+
+    /// Turns hot bytes `[start, end)` into a reference to `object` at `pos`, if they are
+    /// still the first hot bytes (retention may have dropped some of them since the leader
+    /// looked; a stale or repeated flush changes nothing). Returns whether a reference was
+    /// added.
+    fn flush_hot(&mut self, start: u64, end: u64, object: ObjectId, pos: u64) -> bool {
+        if start > self.data_start || end > self.tail || end <= self.data_start {
+            return false;
+        }
+        let from = self.data_start;
+        let n = usize::try_from(end - from).unwrap_or(usize::MAX);
+        self.cold.push(ChunkRef {
+            start: from,
+            end,
+            object,
+            pos: pos + (from - start),
+        });
+        self.data.drop_front(n);
+        self.data_start = end;
+        true
+    }
+
+    /// Every reference this stream holds, released (the stream is going away).
+    pub(crate) fn release_all_cold(&mut self, released: &mut Vec<ObjectId>) {
+        self.cold.drain_into(released);
+    }
+}
+
+impl crate::group::GroupState {
+    /// Applies a flush (cluster.md §6.2): slices whose bytes are still hot become chunk
+    /// references; an object none of whose slices applied is queued for deletion. A flush
+    /// naming an object that is already known changes nothing, so a repeated proposal is
+    /// harmless.
+    pub(crate) fn apply_flush(&mut self, req: &FlushReq) {
+        if self.cold.known(req.object) {
+            return;
+        }
+        self.cold.next_object = req.object.0.saturating_add(1);
+        let mut refs = 0u32;
+        for sl in &req.slices {
+            if sl.start > sl.end {
+                continue;
+            }
+            let Some(s) = self.streams.get_mut(&sl.key) else {
+                continue;
+            };
+            if s.incarnation == sl.incarnation && s.flush_hot(sl.start, sl.end, req.object, sl.pos)
+            {
+                refs += 1;
+            }
+        }
+        if refs == 0 {
+            self.cold.gc.insert(req.object);
+        } else {
+            self.cold.objects.insert(req.object, ObjectUse { refs });
+        }
+    }
+
+    /// Forgets objects the leader deleted.
+    pub(crate) fn apply_gc_done(&mut self, objects: &[ObjectId]) {
+        for id in objects {
+            self.cold.gc.remove(id);
+        }
+    }
+
+    /// Hot bytes over all streams of the group.
+    pub fn hot_bytes(&self) -> u64 {
+        self.streams.values().map(StreamState::hot_len).sum()
+    }
+
+    /// Picks hot ranges for one flush object of at most `max_bytes` (at least one range
+    /// when anything is hot): the largest hot ranges first, so that one object moves the
+    /// most memory. A range larger than `max_bytes` is cut to it (its rest waits for the
+    /// next flush). Deterministic for a given state.
+    pub fn flush_candidates(&self, max_bytes: u64) -> Vec<FlushCandidate> {
+        let mut hot: Vec<(&StreamKey, &StreamState)> = self
+            .streams
+            .iter()
+            .filter(|(_, s)| s.hot_len() > 0)
+            .collect();
+        hot.sort_by(|a, b| b.1.hot_len().cmp(&a.1.hot_len()).then(a.0.cmp(b.0)));
+        let mut out = Vec::new();
+        let mut room = max_bytes.max(1);
+        for (key, s) in hot {
+            if room == 0 {
+                break;
+            }
+            let n = s.hot_len().min(room);
+            out.push(FlushCandidate {
+                key: key.clone(),
+                incarnation: s.incarnation,
+                start: s.data_start,
+                end: s.data_start + n,
+            });
+            room -= n;
+        }
+        out
+    }
+}
