@@ -40,6 +40,8 @@ pub struct ChunkRef {
     pub end: u64,
     pub object: ObjectId,
     pub pos: u64,
+    /// Payload bytes of the whole object (a reader needs it to find the last block).
+    pub object_len: u64,
 }
 
 /// A stream's flushed bytes: chunk references in offset order, each starting where the
@@ -101,6 +103,7 @@ pub enum Piece {
         object: ObjectId,
         pos: u64,
         len: u64,
+        object_len: u64,
     },
 }
 
@@ -175,6 +178,8 @@ pub struct FlushSlice {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlushReq {
     pub object: ObjectId,
+    /// Payload bytes of the object (the sum of its slices).
+    pub object_len: u64,
     pub slices: Vec<FlushSlice>,
 }
 
@@ -216,6 +221,7 @@ impl StreamState {
                     object: c.object,
                     pos: c.pos + (at - c.start),
                     len: hi - at,
+                    object_len: c.object_len,
                 });
                 at = hi;
             }
@@ -237,7 +243,8 @@ impl StreamState {
     /// still the first hot bytes (retention may have dropped some of them since the leader
     /// looked; a stale or repeated flush changes nothing). Returns whether a reference was
     /// added.
-    fn flush_hot(&mut self, start: u64, end: u64, object: ObjectId, pos: u64) -> bool {
+    fn flush_hot(&mut self, start: u64, end: u64, at: (ObjectId, u64, u64)) -> bool {
+        let (object, pos, object_len) = at;
         if start > self.data_start || end > self.tail || end <= self.data_start {
             return false;
         }
@@ -248,6 +255,7 @@ impl StreamState {
             end,
             object,
             pos: pos + (from - start),
+            object_len,
         });
         self.data.drop_front(n);
         self.data_start = end;
@@ -278,7 +286,8 @@ impl crate::group::GroupState {
             let Some(s) = self.streams.get_mut(&sl.key) else {
                 continue;
             };
-            if s.incarnation == sl.incarnation && s.flush_hot(sl.start, sl.end, req.object, sl.pos)
+            if s.incarnation == sl.incarnation
+                && s.flush_hot(sl.start, sl.end, (req.object, sl.pos, req.object_len))
             {
                 refs += 1;
             }

@@ -120,8 +120,12 @@ impl World {
                 pos,
             });
         }
+        let req = FlushReq {
+            object: id,
+            object_len: object.len() as u64,
+            slices,
+        };
         self.store.insert(id, object);
-        let req = FlushReq { object: id, slices };
         self.apply(Op::ColdFlush(Box::new(req.clone()))).unwrap();
         if repeat {
             // A leader that retries the proposal must not double-count.
@@ -247,11 +251,17 @@ impl World {
         for p in plan {
             match p {
                 Piece::Hot(b) => out.extend_from_slice(&b),
-                Piece::Cold { object, pos, len } => {
+                Piece::Cold {
+                    object,
+                    pos,
+                    len,
+                    object_len,
+                } => {
                     let o = self
                         .store
                         .get(&object)
                         .unwrap_or_else(|| panic!("object {object:?} was deleted but is used"));
+                    assert_eq!(o.len() as u64, object_len, "object length");
                     out.extend_from_slice(&o[pos as usize..(pos + len) as usize]);
                 }
             }
@@ -392,6 +402,7 @@ fn a_stale_flush_publishes_nothing_and_its_object_is_collected() {
     w.retain("a", 255);
     let req = FlushReq {
         object: ObjectId(w.g.cold.next_object),
+        object_len: 100,
         slices: vec![FlushSlice {
             key: c[0].key.clone(),
             incarnation: c[0].incarnation,
@@ -419,6 +430,7 @@ fn a_flush_after_partial_retention_references_only_what_is_left() {
     w.store.insert(object, w.model["a"].clone());
     w.apply(Op::ColdFlush(Box::new(FlushReq {
         object,
+        object_len: 100,
         slices: vec![FlushSlice {
             key: c[0].key.clone(),
             incarnation: c[0].incarnation,
