@@ -6,6 +6,7 @@
 //!   writer thread drains every queued append, writes the whole batch with one `write`, calls
 //!   `fdatasync` once, then completes every append in the batch.
 //! * [`snapshot_file`]: atomic, checksummed single-blob files for state-machine snapshots.
+//! * [`chunk_object`]: the block-checksummed layout of cold chunk objects (pure).
 //!
 //! ## WAL on-disk format (version 1)
 //!
@@ -73,6 +74,7 @@
 //!
 //! Written to `<path>.tmp`, fsynced, renamed over `<path>`, then the directory is fsynced.
 
+pub mod chunk_object;
 mod format;
 pub mod snapshot_file;
 pub mod wal;
