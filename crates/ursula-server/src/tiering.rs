@@ -1,0 +1,350 @@
+//! The cold tier at work (cluster.md §6.2-§6.6): the flush that moves a group's hot bytes
+//! into an object, the GC that deletes objects nothing references any more, the fetch of a
+//! read plan's cold pieces, and hot-bytes admission.
+//!
+//! What may move and what a read may see is decided in `ursula-core` ([`ursula_core::cold`]);
+//! this module only does the IO: it takes what the group state planned (under one short read
+//! lock, sharing the hot bytes rather than copying them), talks to the [`ColdStore`] outside
+//! the lock, and proposes the result as a replicated command.
+
+use crate::app::App;
+use crate::http::error::ApiError;
+use crate::metrics::inc;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use ursula_core::ErrorCode;
+use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
+use ursula_core::command::Op;
+use ursula_storage::chunk_object;
+use ursula_storage::cold::{ColdError, ColdStore, ObjectKey};
+
+/// Flush and GC settings (`[storage.cold]`, cluster.md §7.5).
+#[derive(Debug, Clone)]
+pub struct TierConfig {
+    /// Flush tick. Default: 1 s.
+    pub flush_interval: Duration,
+    /// A group flushes once it holds this many hot bytes. Default: 8 MiB.
+    pub flush_min_hot_size: u64,
+    /// Largest flush object. Default: 8 MiB.
+    pub flush_max_size: u64,
+    /// Writes that would take a group's hot bytes past this answer `503 COLD_BACKPRESSURE`
+    /// (`0` disables). Default: 64 MiB.
+    pub max_hot_size_per_group: u64,
+    /// GC tick. Default: 5 s.
+    pub gc_interval: Duration,
+    /// Objects deleted per group per GC pass. Default: 256.
+    pub gc_max_entries: usize,
+}
+
+impl Default for TierConfig {
+    fn default() -> Self {
+        TierConfig {
+            flush_interval: Duration::from_secs(1),
+            flush_min_hot_size: 8 << 20,
+            flush_max_size: 8 << 20,
+            max_hot_size_per_group: 64 << 20,
+            gc_interval: Duration::from_secs(5),
+            gc_max_entries: 256,
+        }
+    }
+}
+
+/// Counters of the cold tier (exported on `/__ursula/metrics`).
+#[derive(Debug, Default)]
+pub struct TierMetrics {
+    pub flushes: AtomicU64,
+    pub flushed_bytes: AtomicU64,
+    pub flush_errors: AtomicU64,
+    pub gc_deleted: AtomicU64,
+    pub gc_errors: AtomicU64,
+    pub cold_reads: AtomicU64,
+    pub cold_read_bytes: AtomicU64,
+    pub cold_read_errors: AtomicU64,
+    /// Total microseconds spent in object-store calls, and how many there were.
+    pub store_micros: AtomicU64,
+    pub store_calls: AtomicU64,
+}
+
+/// The cold tier of a node with a cold backend.
+pub struct Tiering {
+    pub store: Arc<dyn ColdStore>,
+    pub cfg: TierConfig,
+    pub metrics: TierMetrics,
+    /// Per group: a flush or GC pass is running (one at a time per group, so a flush always
+    /// starts where the previous one ended).
+    busy: Vec<AtomicBool>,
+}
+
+/// The key of a group's chunk object (cluster.md §6; one prefix per group).
+pub fn chunk_key(group: u32, id: ObjectId) -> Result<ObjectKey, ColdError> {
+    ObjectKey::new(format!("chunks/g{group:05}/{:020}.chunk", id.0))
+}
+
+fn cold_failed(e: &ColdError) -> ApiError {
+    ApiError::new(
+        ErrorCode::COLD_STORE_FAILED,
+        format!("the cold store failed to serve the read: {e}"),
+    )
+}
+
+/// Clears a group's busy flag when a pass ends, however it ends.
+struct Busy<'a>(&'a AtomicBool);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl Tiering {
+    pub fn new(store: Arc<dyn ColdStore>, cfg: TierConfig, groups: u32) -> Arc<Tiering> {
+        Arc::new(Tiering {
+            store,
+            cfg,
+            metrics: TierMetrics::default(),
+            busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+        })
+    }
+
+    fn claim(&self, group: u32) -> Option<Busy<'_>> {
+        let flag = self.busy.get(group as usize)?;
+        (!flag.swap(true, Ordering::AcqRel)).then_some(Busy(flag))
+    }
+
+    /// `503 COLD_BACKPRESSURE` when `incoming` more hot bytes would take the group past
+    /// its bound (cluster.md §6.6).
+    pub fn admit(&self, app: &App, group: u32, incoming: u64) -> Result<(), ApiError> {
+        let max = self.cfg.max_hot_size_per_group;
+        if max == 0 {
+            return Ok(());
+        }
+        let hot = app.hot_bytes(group);
+        if hot.saturating_add(incoming) > max && hot > 0 {
+            return Err(ApiError::new(
+                ErrorCode::COLD_BACKPRESSURE,
+                format!(
+                    "group {group} holds {hot} bytes not yet in the cold tier (bound {max}); retry"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// One flush of `group`, when it holds enough hot bytes: plan under the read lock, pack
+    /// and upload outside it, then publish with a replicated command. Returns the bytes
+    /// moved.
+    pub async fn flush_group(&self, app: &Arc<App>, group: u32, force: bool) -> u64 {
+        let Some(_busy) = self.claim(group) else {
+            return 0;
+        };
+        let min = if force { 1 } else { self.cfg.flush_min_hot_size };
+        let planned = app.with_group(group, |g| {
+            if g.hot_bytes() < min {
+                return None;
+            }
+            let picked = g.flush_candidates(self.cfg.flush_max_size);
+            let mut pieces = Vec::with_capacity(picked.len());
+            for c in &picked {
+                let mut p = Vec::new();
+                let held = g
+                    .streams
+                    .get(&c.key)
+                    .is_some_and(|s| s.plan_own(c.start, c.end, &mut p));
+                if !held {
+                    return None;
+                }
+                pieces.push(p);
+            }
+            Some((g.cold.next_object, picked, pieces))
+        });
+        let Some((mut next, picked, pieces)) = planned else {
+            return 0;
+        };
+        let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
+        let mut body = chunk_object::ChunkWriter::new(total);
+        let mut slices = Vec::with_capacity(picked.len());
+        for (c, plan) in picked.into_iter().zip(pieces) {
+            let pos = body.written();
+            for p in plan {
+                if let Piece::Hot(b) = p {
+                    body.write(&b);
+                }
+            }
+            slices.push(FlushSlice {
+                key: c.key,
+                incarnation: c.incarnation,
+                start: c.start,
+                end: c.end,
+                pos,
+            });
+        }
+        let Some(object) = body.finish() else {
+            tracing::error!(group, "flush object length mismatch");
+            return 0;
+        };
+        let object = Bytes::from(object);
+        // An id another (crashed) attempt already used is skipped: objects are immutable.
+        let mut uploaded = None;
+        for _ in 0..16 {
+            let id = ObjectId(next);
+            let Ok(key) = chunk_key(group, id) else {
+                return 0;
+            };
+            match self.timed(self.store.put_if_absent(&key, object.clone())).await {
+                Ok(()) => {
+                    uploaded = Some(id);
+                    break;
+                }
+                Err(ColdError::AlreadyExists { .. }) => next += 1,
+                Err(e) => {
+                    inc(&self.metrics.flush_errors, 1);
+                    tracing::warn!(group, error = %e, "cold flush upload failed; will retry");
+                    return 0;
+                }
+            }
+        }
+        let Some(id) = uploaded else {
+            return 0;
+        };
+        let req = FlushReq {
+            object: id,
+            object_len: total,
+            slices,
+        };
+        match app.propose_upkeep(group, Op::ColdFlush(Box::new(req))).await {
+            true => {
+                inc(&self.metrics.flushes, 1);
+                inc(&self.metrics.flushed_bytes, total);
+                tracing::debug!(group, object = id.0, bytes = total, "flushed to the cold tier");
+                total
+            }
+            false => {
+                // Not published: the object is garbage. Deleting it is best effort; the
+                // orphan sweep reclaims it otherwise.
+                inc(&self.metrics.flush_errors, 1);
+                if let Ok(key) = chunk_key(group, id) {
+                    let _ = self.store.delete(&key).await;
+                }
+                0
+            }
+        }
+    }
+
+    /// One GC pass of `group`: deletes up to `gc_max_entries` unreferenced objects, then
+    /// forgets them with a replicated command.
+    pub async fn gc_group(&self, app: &Arc<App>, group: u32) {
+        let Some(_busy) = self.claim(group) else {
+            return;
+        };
+        let queued: Vec<ObjectId> = app.with_group(group, |g| {
+            g.cold
+                .gc
+                .iter()
+                .take(self.cfg.gc_max_entries)
+                .copied()
+                .collect()
+        });
+        let mut done = Vec::with_capacity(queued.len());
+        for id in queued {
+            let Ok(key) = chunk_key(group, id) else {
+                continue;
+            };
+            match self.timed(self.store.delete(&key)).await {
+                Ok(()) | Err(ColdError::NotFound { .. }) => done.push(id),
+                Err(e) => {
+                    inc(&self.metrics.gc_errors, 1);
+                    tracing::warn!(group, error = %e, "cold GC delete failed; will retry");
+                    break;
+                }
+            }
+        }
+        if done.is_empty() {
+            return;
+        }
+        let n = done.len() as u64;
+        if app
+            .propose_upkeep(group, Op::ColdGcDone { objects: done })
+            .await
+        {
+            inc(&self.metrics.gc_deleted, n);
+        }
+    }
+
+    /// Appends the bytes of one cold piece to `out`, checked block by block.
+    pub async fn fetch(
+        &self,
+        group: u32,
+        object: ObjectId,
+        pos: u64,
+        len: u64,
+        object_len: u64,
+        out: &mut Vec<u8>,
+    ) -> Result<(), ApiError> {
+        let key = chunk_key(group, object).map_err(|e| cold_failed(&e))?;
+        let layout = chunk_object::ChunkLayout::new(object_len);
+        let range = layout
+            .object_range(pos, len)
+            .map_err(|e| ApiError::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
+        let fetched = self
+            .timed(self.store.get_range(&key, range))
+            .await
+            .map_err(|e| {
+                inc(&self.metrics.cold_read_errors, 1);
+                tracing::warn!(group, object = object.0, error = %e, "cold read failed");
+                cold_failed(&e)
+            })?;
+        layout.extract(&fetched, pos, len, out).map_err(|e| {
+            inc(&self.metrics.cold_read_errors, 1);
+            tracing::error!(group, object = object.0, error = %e, "cold object is corrupt");
+            ApiError::new(
+                ErrorCode::COLD_STORE_FAILED,
+                format!("a cold object failed its checksum: {e}"),
+            )
+        })?;
+        inc(&self.metrics.cold_reads, 1);
+        inc(&self.metrics.cold_read_bytes, len);
+        Ok(())
+    }
+
+    async fn timed<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        let t = std::time::Instant::now();
+        let r = f.await;
+        inc(&self.metrics.store_micros, t.elapsed().as_micros() as u64);
+        inc(&self.metrics.store_calls, 1);
+        r
+    }
+
+    /// Runs flush and GC passes until shutdown.
+    pub fn spawn(self: &Arc<Self>, app: &Arc<App>) {
+        let (tier, app) = (self.clone(), app.clone());
+        let mut stop = app.shutdown.subscribe();
+        tokio::spawn(async move {
+            let mut flush = tokio::time::interval(tier.cfg.flush_interval);
+            let mut gc = tokio::time::interval(tier.cfg.gc_interval);
+            flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = flush.tick() => {
+                        for group in 0..app.node.group_count() {
+                            // Keep flushing a group while it stays above the threshold.
+                            for _ in 0..64 {
+                                if tier.flush_group(&app, group, false).await == 0 {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    _ = gc.tick() => {
+                        for group in 0..app.node.group_count() {
+                            tier.gc_group(&app, group).await;
+                        }
+                    }
+                    _ = stop.changed() => break,
+                }
+            }
+        });
+    }
+}
