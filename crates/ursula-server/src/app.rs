@@ -20,6 +20,8 @@ pub struct App {
     pub metrics: crate::metrics::Metrics,
     /// Live readers by stream; the node's state machines report changes to it.
     pub watchers: Arc<crate::watchers::Watchers>,
+    /// The cold tier, on a node with a cold backend.
+    pub tiering: Option<Arc<crate::tiering::Tiering>>,
 }
 
 impl App {
@@ -27,6 +29,7 @@ impl App {
         node: Arc<Node>,
         cfg: Config,
         watchers: Arc<crate::watchers::Watchers>,
+        tiering: Option<Arc<crate::tiering::Tiering>>,
     ) -> Arc<Self> {
         let groups = node.group_count();
         Arc::new(App {
@@ -38,6 +41,7 @@ impl App {
             shutdown: tokio::sync::watch::channel(false).0,
             metrics: crate::metrics::Metrics::default(),
             watchers,
+            tiering,
         })
     }
 
@@ -119,8 +123,8 @@ impl App {
                         key: item.source.clone(),
                         pin_id: item.pin_id,
                     };
-                    let ok = app.propose_raw(src_group, unpin).await
-                        && app.propose_raw(group, Op::OutboxDone { id: item.id }).await;
+                    let ok = app.propose_upkeep(src_group, unpin).await
+                        && app.propose_upkeep(group, Op::OutboxDone { id: item.id }).await;
                     failed |= !ok;
                 }
                 if failed {
@@ -136,8 +140,17 @@ impl App {
 
     /// Proposes an upkeep command (these never reject); true when it was applied. Like
     /// every proposal it kicks the group's outbox, so pin releases cascade.
-    async fn propose_raw(self: &Arc<Self>, group: u32, op: Op) -> bool {
+    pub async fn propose_upkeep(self: &Arc<Self>, group: u32, op: Op) -> bool {
         self.propose(group, op).await.is_ok()
+    }
+
+    /// `503 COLD_BACKPRESSURE` when `incoming` more bytes would take `group`'s hot bytes
+    /// past their bound; always admits on a node without a cold tier.
+    pub fn admit_hot(&self, group: u32, incoming: u64) -> Result<(), ApiError> {
+        match &self.tiering {
+            Some(t) => t.admit(group, incoming),
+            None => Ok(()),
+        }
     }
 
     /// Background upkeep: lapse expired streams, deliver outboxes, release stale pins.
@@ -179,7 +192,7 @@ impl App {
                 (expired, pins)
             });
             for (key, incarnation) in expired {
-                self.propose_raw(group, Op::Expire { key, incarnation })
+                self.propose_upkeep(group, Op::Expire { key, incarnation })
                     .await;
             }
             for (source, pin_id, fork_key) in stale_pins {
@@ -189,7 +202,7 @@ impl App {
                     })
                     .unwrap_or(false);
                 if !held {
-                    self.propose_raw(
+                    self.propose_upkeep(
                         group,
                         Op::Unpin {
                             key: source,

@@ -6,6 +6,7 @@ mod http;
 mod metrics;
 mod parse_errors;
 mod server;
+mod tiering;
 mod watchers;
 
 use clap::{Parser, Subcommand};
@@ -162,7 +163,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         recovery_ms = started.elapsed().as_millis() as u64,
         "ursula listening"
     );
-    let app = app::App::new(node.clone(), cfg, watchers);
+    let app = app::App::new(node.clone(), cfg, watchers, None);
     app.spawn_upkeep();
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();

@@ -62,6 +62,8 @@ pub struct TierMetrics {
     pub cold_reads: AtomicU64,
     pub cold_read_bytes: AtomicU64,
     pub cold_read_errors: AtomicU64,
+    /// Writes refused with `503 COLD_BACKPRESSURE`.
+    pub backpressured: AtomicU64,
     /// Total microseconds spent in object-store calls, and how many there were.
     pub store_micros: AtomicU64,
     pub store_calls: AtomicU64,
@@ -75,6 +77,10 @@ pub struct Tiering {
     /// Per group: a flush or GC pass is running (one at a time per group, so a flush always
     /// starts where the previous one ended).
     busy: Vec<AtomicBool>,
+    /// Per group: hot bytes as of the last flush tick plus what was written since. Counting
+    /// exactly would mean a pass over the group's streams on every write; this estimate is
+    /// recounted every tick and only ever errs by what one tick wrote.
+    hot: Vec<AtomicU64>,
 }
 
 /// The key of a group's chunk object (cluster.md §6; one prefix per group).
@@ -105,6 +111,7 @@ impl Tiering {
             cfg,
             metrics: TierMetrics::default(),
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+            hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -115,13 +122,14 @@ impl Tiering {
 
     /// `503 COLD_BACKPRESSURE` when `incoming` more hot bytes would take the group past
     /// its bound (cluster.md §6.6).
-    pub fn admit(&self, app: &App, group: u32, incoming: u64) -> Result<(), ApiError> {
+    pub fn admit(&self, group: u32, incoming: u64) -> Result<(), ApiError> {
         let max = self.cfg.max_hot_size_per_group;
-        if max == 0 {
+        let Some(counter) = self.hot.get(group as usize).filter(|_| max > 0) else {
             return Ok(());
-        }
-        let hot = app.hot_bytes(group);
+        };
+        let hot = counter.load(Ordering::Relaxed);
         if hot.saturating_add(incoming) > max && hot > 0 {
+            inc(&self.metrics.backpressured, 1);
             return Err(ApiError::new(
                 ErrorCode::COLD_BACKPRESSURE,
                 format!(
@@ -141,7 +149,11 @@ impl Tiering {
         };
         let min = if force { 1 } else { self.cfg.flush_min_hot_size };
         let planned = app.with_group(group, |g| {
-            if g.hot_bytes() < min {
+            let hot = g.hot_bytes();
+            if let Some(c) = self.hot.get(group as usize) {
+                c.store(hot, Ordering::Relaxed);
+            }
+            if hot < min {
                 return None;
             }
             let picked = g.flush_candidates(self.cfg.flush_max_size);
@@ -215,6 +227,11 @@ impl Tiering {
         };
         match app.propose_upkeep(group, Op::ColdFlush(Box::new(req))).await {
             true => {
+                if let Some(c) = self.hot.get(group as usize) {
+                    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                        Some(h.saturating_sub(total))
+                    });
+                }
                 inc(&self.metrics.flushes, 1);
                 inc(&self.metrics.flushed_bytes, total);
                 tracing::debug!(group, object = id.0, bytes = total, "flushed to the cold tier");
@@ -270,6 +287,20 @@ impl Tiering {
         {
             inc(&self.metrics.gc_deleted, n);
         }
+    }
+
+    /// Counts bytes a write added to `group`'s hot tier (for admission).
+    pub fn note_written(&self, group: u32, n: u64) {
+        if let Some(c) = self.hot.get(group as usize) {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Hot bytes of `group`, as admission sees them.
+    pub fn hot_estimate(&self, group: u32) -> u64 {
+        self.hot
+            .get(group as usize)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// Appends the bytes of one cold piece to `out`, checked block by block.

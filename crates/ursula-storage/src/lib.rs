@@ -75,6 +75,7 @@
 //! Written to `<path>.tmp`, fsynced, renamed over `<path>`, then the directory is fsynced.
 
 pub mod chunk_object;
+pub mod cold;
 mod format;
 pub mod snapshot_file;
 pub mod wal;

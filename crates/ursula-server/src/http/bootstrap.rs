@@ -72,7 +72,7 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
         })
         .ok_or_else(|| ApiError::new(ErrorCode::STREAM_NOT_FOUND, "stream not found"))?;
     let mut data = Vec::new();
-    read::collect(app, key, plan.start, plan.tail, &mut data)?;
+    read::collect(app, key, plan.start, plan.tail, &mut data).await?;
     if touch {
         read::touch_if_due(app, key, &v).await;
     }

@@ -83,7 +83,9 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         INGRESS_BODY_BYTES_LIMIT_REACHED
         | LIVE_READ_BACKPRESSURE
         | LEADER_UNAVAILABLE
-        | SERVICE_SHUTTING_DOWN => StatusCode::SERVICE_UNAVAILABLE,
+        | SERVICE_SHUTTING_DOWN
+        | COLD_BACKPRESSURE => StatusCode::SERVICE_UNAVAILABLE,
+        COLD_STORE_FAILED => StatusCode::BAD_GATEWAY,
         COLD_STORE_NOT_CONFIGURED => StatusCode::NOT_IMPLEMENTED,
     }
 }

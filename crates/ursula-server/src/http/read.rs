@@ -9,6 +9,7 @@ use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
+use ursula_core::cold::Piece;
 use ursula_core::command::{Lifetime, Op};
 use ursula_core::ids::Incarnation;
 use ursula_core::offset::{self, Off, ReadStart};
@@ -79,61 +80,84 @@ pub fn view(app: &App, key: &StreamKey, now: u64) -> Result<View, ApiError> {
     })
 }
 
-/// Copies the bytes `[start, end)` of a stream, following fork links for inherited bytes.
-pub fn collect(
+/// Where the bytes `[start, end)` of a stream live, following fork links for inherited
+/// bytes: `(group of the owning stream, piece)` in offset order. Each owning stream's group
+/// lock is taken once, briefly; hot pieces share the stream's memory (no copy).
+pub fn plan(
+    app: &App,
+    key: &StreamKey,
+    start: u64,
+    end: u64,
+) -> Result<Vec<(u32, Piece)>, ApiError> {
+    let gone = || {
+        ApiError::new(
+            ErrorCode::STREAM_GONE,
+            "inherited history is no longer available",
+        )
+    };
+    // Walk down the fork chain from the newest bytes: each stream owns `[own_start, hi)`.
+    let mut key = key.clone();
+    let mut hi = end;
+    let mut parts: Vec<(u32, Vec<Piece>)> = Vec::new();
+    while start < hi {
+        let group = app.group_of(&key);
+        let step = app.with_stream(&key, |s| {
+            let lo = start.max(s.own_start).min(hi);
+            let mut pieces = Vec::new();
+            // Retention may have trimmed the bytes since the caller looked (never below a
+            // pin).
+            let held = lo == hi || s.plan_own(lo, hi, &mut pieces);
+            held.then(|| (lo, pieces, s.fork.as_ref().map(|l| l.source.clone())))
+        });
+        let (lo, pieces, source) = step.flatten().ok_or_else(gone)?;
+        parts.push((group, pieces));
+        if start < lo {
+            key = source.ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::INTERNAL_ERROR,
+                    "stream has no bytes below its start",
+                )
+            })?;
+            hi = lo;
+        } else {
+            break;
+        }
+    }
+    Ok(parts
+        .into_iter()
+        .rev()
+        .flat_map(|(g, pieces)| pieces.into_iter().map(move |p| (g, p)))
+        .collect())
+}
+
+/// Copies the bytes `[start, end)` of a stream into `out`, fetching cold pieces from the
+/// cold tier outside any lock.
+pub async fn collect(
     app: &App,
     key: &StreamKey,
     start: u64,
     end: u64,
     out: &mut Vec<u8>,
 ) -> Result<(), ApiError> {
-    let mut key = key.clone();
-    let mut pieces: Vec<(StreamKey, u64, u64)> = Vec::new();
-    let (lo, mut hi) = (start, end);
-    // Walk down the fork chain, recording which stream owns which part of the range.
-    loop {
-        if lo >= hi {
-            break;
-        }
-        let link = app.with_stream(&key, |s| {
-            let own_lo = lo.max(s.own_start);
-            if own_lo < hi {
-                Some((own_lo, s.fork.as_ref().map(|l| l.source.clone())))
-            } else {
-                Some((hi, s.fork.as_ref().map(|l| l.source.clone())))
-            }
-        });
-        let Some(Some((own_lo, source))) = link else {
-            return Err(ApiError::new(
-                ErrorCode::STREAM_GONE,
-                "inherited history is no longer available",
-            ));
-        };
-        if own_lo < hi {
-            pieces.push((key.clone(), own_lo, hi));
-        }
-        if lo < own_lo {
-            let Some(source) = source else {
-                return Err(ApiError::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    "stream has no bytes below its start",
-                ));
-            };
-            key = source;
-            hi = own_lo;
-        } else {
-            break;
-        }
-    }
+    let pieces = plan(app, key, start, end)?;
     out.reserve((end - start) as usize);
-    for (k, a, b) in pieces.into_iter().rev() {
-        // Retention may have trimmed the bytes since the caller looked (never below a pin).
-        let ok = app.with_stream(&k, |s| s.holds(a, b).then(|| s.copy_own_bytes(a, b, out)));
-        if ok.flatten().is_none() {
-            return Err(ApiError::new(
-                ErrorCode::STREAM_GONE,
-                "inherited history is no longer available",
-            ));
+    for (group, piece) in pieces {
+        match piece {
+            Piece::Hot(b) => out.extend_from_slice(&b),
+            Piece::Cold {
+                object,
+                pos,
+                len,
+                object_len,
+            } => {
+                let Some(t) = &app.tiering else {
+                    return Err(ApiError::new(
+                        ErrorCode::INTERNAL_ERROR,
+                        "stream bytes are in a cold tier this node has no backend for",
+                    ));
+                };
+                t.fetch(group, object, pos, len, object_len, out).await?;
+            }
         }
     }
     Ok(())
@@ -301,7 +325,7 @@ pub fn window_end(app: &App, key: &StreamKey, v: &View, repr: Repr, start: u64, 
 }
 
 /// Builds a catch-up style `200` body for `[start, end)`.
-pub fn body_of(
+pub async fn body_of(
     app: &App,
     key: &StreamKey,
     repr: Repr,
@@ -309,7 +333,7 @@ pub fn body_of(
     end: u64,
 ) -> Result<Vec<u8>, ApiError> {
     let mut raw = Vec::new();
-    collect(app, key, start, end, &mut raw)?;
+    collect(app, key, start, end, &mut raw).await?;
     Ok(match repr {
         Repr::JsonArray => {
             let mut out = Vec::with_capacity(raw.len() + 2);
@@ -416,7 +440,7 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
     } else {
         window_end(app, key, &v, repr, start, max)
     };
-    data_response(app, target, &v, repr, start, end, !now_read, None, hm)
+    data_response(app, target, &v, repr, start, end, !now_read, None, hm).await
 }
 
 /// A `200` with the bytes `[start, end)`.
@@ -424,7 +448,7 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
     clippy::too_many_arguments,
     reason = "one response, many independent facts"
 )]
-fn data_response(
+async fn data_response(
     app: &App,
     target: &Target,
     v: &View,
@@ -441,7 +465,7 @@ fn data_response(
     let mut resp = if with_etag && if_none_match(hm, &tag) {
         render::empty(StatusCode::NOT_MODIFIED)
     } else {
-        let body = body_of(app, &target.key, repr, start, end)?;
+        let body = body_of(app, &target.key, repr, start, end).await?;
         inc(&app.metrics.reads, 1);
         inc(&app.metrics.read_bytes, end - start);
         Response::new(Body::from(body))
@@ -505,7 +529,8 @@ async fn long_poll(
                 .unwrap_or(app.cfg.max_read_bytes)
                 .min(app.cfg.max_read_bytes);
             let end = window_end(app, key, &v, repr, start, max);
-            return data_response(app, target, &v, repr, start, end, true, Some(&echoed), hm);
+            return data_response(app, target, &v, repr, start, end, true, Some(&echoed), hm)
+                .await;
         }
         if v.closed {
             return Ok(no_content(&v, None));

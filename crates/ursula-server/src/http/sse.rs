@@ -205,7 +205,7 @@ async fn run(
         if pos < v.tail {
             let mut end = read::window_end(&app, key, &v, repr, pos, batch);
             let mut raw = Vec::new();
-            if let Err(e) = read::collect(&app, key, pos, end, &mut raw) {
+            if let Err(e) = read::collect(&app, key, pos, end, &mut raw).await {
                 let _ = tx
                     .send(Bytes::from(error_event(&e.rejection.message)))
                     .await;
@@ -224,7 +224,7 @@ async fn run(
                     // JSON message larger than the window is sent alone.
                     end = pos + need as u64;
                     raw.clear();
-                    if let Err(e) = read::collect(&app, key, pos, end, &mut raw) {
+                    if let Err(e) = read::collect(&app, key, pos, end, &mut raw).await {
                         let _ = tx
                             .send(Bytes::from(error_event(&e.rejection.message)))
                             .await;
