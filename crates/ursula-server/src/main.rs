@@ -63,6 +63,9 @@ struct ServerArgs {
     /// Public base URL for Location headers [default: from the Host header].
     #[arg(long, env = "URSULA_PUBLIC_URL")]
     public_url: Option<String>,
+    /// Host names to answer for, comma-separated; other hosts get 400 [default: any].
+    #[arg(long, env = "URSULA_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Option<Vec<String>>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -97,6 +100,9 @@ impl ServerArgs {
         }
         if self.public_url.is_some() {
             c.public_url = self.public_url;
+        }
+        if let Some(v) = self.allowed_hosts {
+            c.allowed_hosts = v.into_iter().map(|h| h.trim().to_owned()).collect();
         }
         c.validate()?;
         Ok((c, self.log_format))

@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod bucket;
 pub mod error;
 pub mod headers;
+pub mod host;
 pub mod ops;
 pub mod path;
 pub mod read;
@@ -37,7 +38,9 @@ Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Ma
 pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
     inc(&app.metrics.requests, 1);
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let mut resp = if req.method() == Method::OPTIONS {
+    let mut resp = if let Err(e) = host::check(&app, &req) {
+        error::render(e)
+    } else if req.method() == Method::OPTIONS {
         options(&app, &req, origin.as_ref())
     } else {
         match dispatch(&app, req).await {
