@@ -170,6 +170,23 @@ fn record_reads_across_a_retention_boundary() {
     assert_eq!(r.status, 204, "{}", r.describe());
     let r = s.req("PUT", "/recs/r/retention?record=4", &[], b"");
     assert_eq!(r.status, 204, "{}", r.describe());
+    // Retention, snapshot and bootstrap answers carry the record coordinates (§11.9).
+    assert_eq!(r.header("stream-record-first"), Some("4"));
+    assert_eq!(r.header("stream-record-next"), Some("10"));
+    let snapshot_at = s
+        .head("/recs/r")
+        .header("stream-snapshot-offset")
+        .expect("a visible snapshot")
+        .to_owned();
+    for path in [
+        format!("/recs/r/snapshot/{snapshot_at}"),
+        "/recs/r/bootstrap".to_owned(),
+    ] {
+        let r = s.get(&path);
+        assert_eq!(r.status, 200, "{path}: {}", r.describe());
+        assert_eq!(r.header("stream-record-first"), Some("4"), "{path}");
+        assert_eq!(r.header("stream-record-next"), Some("10"), "{path}");
+    }
     let head = s.head("/recs/r");
     assert_eq!(head.header("stream-record-first"), Some("4"));
     assert_eq!(head.header("stream-record-next"), Some("10"));
@@ -313,4 +330,89 @@ fn sse_record_reads() {
         ),
         (json!(0), json!(4))
     );
+}
+
+#[test]
+fn conditional_append_with_stream_record_match() {
+    let s = Server::start();
+    assert_eq!(s.put("/recs/m", JSON, b"[1,2]").status, 201);
+    assert_eq!(s.put("/recs/t", "text/plain", b"x").status, 201);
+    let post = |path: &str, ct: &str, m: &str, body: &[u8], extra: &[(&str, &str)]| {
+        let mut h = vec![("Content-Type", ct), ("Stream-Record-Match", m)];
+        h.extend_from_slice(extra);
+        s.req("POST", path, &h, body)
+    };
+    // N == value: the append goes in and reports its range.
+    let r = post("/recs/m", JSON, "2", b"[3,4]", &[]);
+    assert_eq!(r.status, 204, "{}", r.describe());
+    assert_eq!(r.header("stream-record-start"), Some("2"));
+    assert_eq!(r.header("stream-record-next"), Some("4"));
+    // A stale value: 412 with the record tail, the byte tail and the extension.
+    let tail = s.head("/recs/m").next_offset();
+    let r = post("/recs/m", JSON, "2", b"[5]", &[]);
+    assert_error(&r, 412, "RECORD_PRECONDITION_FAILED");
+    assert_eq!(r.header("stream-record-next"), Some("4"));
+    assert_eq!(r.next_offset(), tail);
+    assert_eq!(
+        r.header("stream-extensions"),
+        Some("json-record-coordinates-v1")
+    );
+    // Checked after duplicate detection: a producer's retry reports its original range
+    // even though N has moved on.
+    let producer = [
+        ("Producer-Id", "p"),
+        ("Producer-Epoch", "0"),
+        ("Producer-Seq", "0"),
+    ];
+    let first = post("/recs/m", JSON, "4", b"[5]", &producer);
+    assert_eq!(first.status, 200, "{}", first.describe());
+    let retry = post("/recs/m", JSON, "4", b"[5]", &producer);
+    assert_eq!(retry.status, 204, "{}", retry.describe());
+    assert_eq!(retry.header("stream-record-start"), Some("4"));
+    assert_eq!(retry.header("stream-record-next"), Some("5"));
+    // Malformed, or on a stream that is not JSON: 400.
+    assert_error(
+        &post("/recs/m", JSON, "x", b"[6]", &[]),
+        400,
+        "INVALID_HEADER",
+    );
+    assert_error(
+        &post("/recs/t", "text/plain", "1", b"y", &[]),
+        400,
+        "INVALID_RECORD_BOUNDARIES",
+    );
+    // And after the closed check.
+    let close = s.req("POST", "/recs/m", &[("Stream-Closed", "true")], b"");
+    assert_eq!(close.status, 204, "{}", close.describe());
+    assert_error(
+        &post("/recs/m", JSON, "0", b"[6]", &[]),
+        409,
+        "STREAM_CLOSED",
+    );
+    let r = ok(s.get("/recs/m?record=0"));
+    assert_eq!(r.json(), json!([1, 2, 3, 4, 5]));
+}
+
+#[test]
+fn record_reads_on_a_fork_continue_the_source_ordinals() {
+    let s = Server::start();
+    assert_eq!(s.put("/recs/src", JSON, b"[1,2,3]").status, 201);
+    // O(2): where the read of record 1 alone ends.
+    let at = ok(s.get("/recs/src?record=1&max_records=1")).next_offset();
+    let r = s.req(
+        "PUT",
+        "/recs/fork",
+        &[
+            ("Stream-Forked-From", "/recs/src"),
+            ("Stream-Fork-Offset", &format!("{at:020}")),
+        ],
+        b"",
+    );
+    assert_eq!(r.status, 201, "{}", r.describe());
+    let a = s.post("/recs/fork", JSON, b"[30]");
+    assert_eq!(a.header("stream-record-start"), Some("2"));
+    let r = ok(s.get("/recs/fork?record=1"));
+    assert_eq!((r.json(), records(&r)), (json!([2, 30]), (0, 1, 3)));
+    let r = ok(s.get("/recs/fork?tail_records=1&record_view=envelope"));
+    assert_eq!(r.text(), "{\"record\":2,\"value\":30}\n");
 }

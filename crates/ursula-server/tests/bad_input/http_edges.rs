@@ -289,3 +289,44 @@ fn content_type_must_be_one_media_type() {
         Some("text/plain; charset=\"utf-8\"")
     );
 }
+
+#[test]
+fn record_parameters_are_honoured_or_refused() {
+    let s = Server::start();
+    assert_eq!(
+        s.put("/hostcheck/j", "application/json", b"[1,2,3]").status,
+        201
+    );
+    assert_eq!(s.put("/hostcheck/t", "text/plain", b"abc").status, 201);
+    // The case: `record=now` is the record tail, not the whole history.
+    let r = s.get("/hostcheck/j?record=now");
+    assert_eq!(
+        (r.status, r.text()),
+        (200, "[]".to_owned()),
+        "{}",
+        r.describe()
+    );
+    assert_eq!(r.header("stream-record-start"), Some("3"));
+    for (q, status, code) in [
+        ("record=0&offset=0", 400, "INVALID_QUERY"),
+        ("record=0&tail_records=1", 400, "INVALID_QUERY"),
+        ("max_records=1", 400, "INVALID_QUERY"),
+        ("record=0&max_bytes=1", 400, "INVALID_QUERY"),
+        ("record_view=envelope", 400, "INVALID_QUERY"),
+        ("record=0&record_view=x", 400, "INVALID_QUERY"),
+        ("record=x", 400, "INVALID_QUERY"),
+        ("record=0&max_records=0", 400, "INVALID_QUERY"),
+        ("record=4", 400, "INVALID_RECORD_BOUNDARIES"),
+        ("record=4&live=long-poll", 400, "INVALID_RECORD_BOUNDARIES"),
+        ("record=4&live=sse", 400, "INVALID_RECORD_BOUNDARIES"),
+    ] {
+        assert_error(&s.get(&format!("/hostcheck/j?{q}")), status, code);
+    }
+    for q in ["record=0", "tail_records=1", "record=now&live=sse"] {
+        assert_error(
+            &s.get(&format!("/hostcheck/t?{q}")),
+            400,
+            "INVALID_RECORD_BOUNDARIES",
+        );
+    }
+}
