@@ -16,6 +16,10 @@
 //!   pipelined request): that is why arming follows the service, not the socket's reads;
 //! - the write must be exactly hyper's answer and nothing else, in one buffer: one of its
 //!   three status lines, then `connection: close`, `content-length: 0` and a `date`.
+//!   Our own heads never look like that (they carry `x-content-type-options`). A response
+//!   body is written while armed, so a body that is exactly such an answer, written on its
+//!   own, would be replaced: only a stream whose bytes are that very text can produce it,
+//!   and its readers then get a JSON error and a closed connection instead of the text.
 //!
 //! hyper answers `431` both for a header section over its buffer and for a request line
 //! over it (a target of about 400 KiB and more); it answers `414` only for a shorter target
