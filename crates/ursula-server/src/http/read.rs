@@ -215,7 +215,18 @@ pub fn body_of(
     })
 }
 
-pub(super) fn etag(v: &View, start: u64, end: u64, repr: Repr) -> String {
+fn etag(v: &View, start: u64, end: u64, repr: Repr) -> String {
+    let view = match repr {
+        Repr::JsonArray => ":a",
+        Repr::Ndjson => ":n",
+        Repr::Bytes => "",
+    };
+    etag_of(v, start, end, view)
+}
+
+/// The ETag of the bytes `[start, end)` in the representation named by `view` (`:a`, `:n`,
+/// `:env` or nothing; protocol.md §12.2).
+pub(super) fn etag_of(v: &View, start: u64, end: u64, view: &str) -> String {
     let mut t = format!("\"{}:{}:{}", v.incarnation, Off(start), Off(end));
     if end == v.tail {
         t.push_str(":u");
@@ -223,11 +234,7 @@ pub(super) fn etag(v: &View, start: u64, end: u64, repr: Repr) -> String {
             t.push_str(":c");
         }
     }
-    match repr {
-        Repr::JsonArray => t.push_str(":a"),
-        Repr::Ndjson => t.push_str(":n"),
-        Repr::Bytes => {}
-    }
+    t.push_str(view);
     t.push('"');
     t
 }

@@ -107,16 +107,12 @@ pub fn body(
 /// The ETag of a record response: the canonical one of the same bytes for the array and
 /// NDJSON views, its own (`:env`) for the envelope (protocol.md §12.2).
 fn etag(v: &View, w: &RecordWindow, view: RecordView) -> String {
-    let repr = match view {
-        RecordView::Ndjson => read::Repr::Ndjson,
-        _ => read::Repr::JsonArray,
+    let suffix = match view {
+        RecordView::Array => ":a",
+        RecordView::Ndjson => ":n",
+        RecordView::Envelope => ":env",
     };
-    let mut tag = read::etag(v, w.start_offset, w.end_offset, repr);
-    if view == RecordView::Envelope {
-        tag.truncate(tag.len() - ":a\"".len());
-        tag.push_str(":env\"");
-    }
-    tag
+    read::etag_of(v, w.start_offset, w.end_offset, suffix)
 }
 
 /// `Stream-Record-First`, `-Start`, `-Next`.
