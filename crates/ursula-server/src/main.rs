@@ -168,6 +168,11 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         recovery_ms = started.elapsed().as_millis() as u64,
         "ursula listening"
     );
+    // The bound address, not `:0`: it is the public base URL of a request without `Host`.
+    let cfg = Config {
+        listen: addr,
+        ..cfg
+    };
     let app = app::App::new(node.clone(), cfg, watchers);
     app.spawn_upkeep();
     if let Some(admin) = admin {

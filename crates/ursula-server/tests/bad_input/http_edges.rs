@@ -95,9 +95,13 @@ fn host_must_be_one_valid_authority_and_makes_the_location() {
         r.header("location"),
         Some("http://target.test:1/hostcheck/abs")
     );
-    // HTTP/1.0 has no Host requirement.
+    // HTTP/1.0 has no Host requirement: the listener's address names the node.
     let r = raw(a, &with_lines("PUT", "/hostcheck/old", "HTTP/1.0", &[]));
     assert_eq!(r.status, 201, "{}", r.describe());
+    assert_eq!(
+        r.header("location"),
+        Some(format!("http://{a}/hostcheck/old").as_str())
+    );
 }
 
 #[test]
