@@ -240,7 +240,8 @@ pub fn lifetime(hm: &HeaderMap, now_ms: u64) -> Result<Lifetime, ApiError> {
                 .is_some_and(|n| n.checked_mul(1000).is_some());
         if !valid {
             return Err(bad(format!(
-                "Stream-TTL {v:?} must be a positive number of seconds"
+                "Stream-TTL {:?} must be a positive number of seconds",
+                shorten(v, 64)
             )));
         }
         lt.ttl_s = v.parse().ok();
@@ -248,7 +249,8 @@ pub fn lifetime(hm: &HeaderMap, now_ms: u64) -> Result<Lifetime, ApiError> {
     if let Some(v) = exp {
         let t = chrono::DateTime::parse_from_rfc3339(v.trim()).map_err(|_| {
             bad(format!(
-                "Stream-Expires-At {v:?} is not an RFC 3339 timestamp"
+                "Stream-Expires-At {:?} is not an RFC 3339 timestamp",
+                shorten(v, 64)
             ))
         })?;
         let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);

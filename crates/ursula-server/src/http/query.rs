@@ -76,14 +76,21 @@ pub fn parse_query(q: Option<&str>) -> Result<ReadQuery, ApiError> {
                 }
                 seen_offset = true;
                 rq.offset = Some(offset::parse_read_offset(&v).ok_or_else(|| {
-                    ApiError::new(ErrorCode::INVALID_OFFSET, format!("invalid offset {v:?}"))
+                    let shown = super::headers::shorten(&v, 64);
+                    ApiError::new(
+                        ErrorCode::INVALID_OFFSET,
+                        format!("invalid offset {shown:?}"),
+                    )
                 })?);
             }
             "live" => {
                 rq.live = match v.as_str() {
                     "long-poll" => Some(Live::LongPoll),
                     "sse" => Some(Live::Sse),
-                    _ => return Err(bad_query(format!("invalid live mode {v:?}"))),
+                    _ => {
+                        let shown = super::headers::shorten(&v, 64);
+                        return Err(bad_query(format!("invalid live mode {shown:?}")));
+                    }
                 }
             }
             "cursor" => rq.cursor = Some(v),

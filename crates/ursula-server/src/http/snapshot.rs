@@ -70,7 +70,10 @@ pub fn path_offset(seg: &str) -> Result<u64, ApiError> {
         .ok_or_else(|| {
             ApiError::new(
                 ErrorCode::INVALID_OFFSET,
-                format!("{seg:?} is not an offset (1 to 20 digits)"),
+                format!(
+                    "{:?} is not an offset (1 to 20 digits)",
+                    h::shorten(seg, 64)
+                ),
             )
         })
 }

@@ -67,7 +67,7 @@ fn fork_headers(hm: &HeaderMap, target: &Target) -> Result<Option<ForkHeaders>, 
         Some(v) => Some(offset::parse_fork_offset(v.trim()).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::INVALID_FORK_OFFSET,
-                format!("invalid Stream-Fork-Offset {v:?}"),
+                format!("invalid Stream-Fork-Offset {:?}", h::shorten(v, 64)),
             )
         })?),
     };
@@ -76,7 +76,7 @@ fn fork_headers(hm: &HeaderMap, target: &Target) -> Result<Option<ForkHeaders>, 
         Some(v) => offset::parse_canonical_uint(v.trim()).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::INVALID_FORK_SUB_OFFSET,
-                format!("invalid Stream-Fork-Sub-Offset {v:?}"),
+                format!("invalid Stream-Fork-Sub-Offset {:?}", h::shorten(v, 64)),
             )
         })?,
     };

@@ -219,9 +219,13 @@ fn every_overlong_target_is_414() {
 #[test]
 fn long_ids_are_quoted_short_in_error_messages() {
     let s = Server::start();
+    let long = "x".repeat(60_000);
     for path in [
-        format!("/hostcheck/{}", "x".repeat(60_000)),
+        format!("/hostcheck/{long}"),
         format!("/{}/s", "B".repeat(60_000)),
+        format!("/hostcheck/s?offset={long}"),
+        format!("/hostcheck/s?offset=0&live={long}"),
+        format!("/hostcheck/s/snapshot/{long}"),
     ] {
         let r = s.get(&path);
         assert_eq!(r.status, 400, "{}", r.describe());
