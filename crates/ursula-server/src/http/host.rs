@@ -175,6 +175,27 @@ mod tests {
         assert!(!is_valid_authority(&"a".repeat(MAX_HOST_BYTES + 1)));
     }
 
+    proptest::proptest! {
+        /// A name of the allowed characters with or without a port is an authority; one
+        /// character that could end the URL, start markup or a second authority is not.
+        #[test]
+        fn names_with_one_bad_character_are_refused(
+            name in "[a-zA-Z0-9._~-]{1,40}",
+            port in proptest::option::of(0u32..=65_535),
+            bad in "[ \"<>'/\\\\@?#%,;(){}|^\t]",
+            at in 0usize..41,
+        ) {
+            let authority = match port {
+                Some(p) => format!("{name}:{p}"),
+                None => name.clone(),
+            };
+            proptest::prop_assert!(is_valid_authority(&authority), "{}", authority);
+            let mut broken = name.clone();
+            broken.insert_str(at % (name.len() + 1), &bad);
+            proptest::prop_assert!(!is_valid_authority(&broken), "{:?}", broken);
+        }
+    }
+
     #[test]
     fn host_names_for_the_allow_list() {
         assert_eq!(host_name("Example.com:80"), "Example.com");
