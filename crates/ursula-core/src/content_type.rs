@@ -1,4 +1,88 @@
-//! Content types: normalization, media-type matching and JSON mode.
+//! Content types: validation, normalization, media-type matching and JSON mode.
+
+/// Whether `b` is a `tchar` of RFC 9110 §5.6.2 (the characters of a token).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Length of the token at the start of `s` (0 when there is none).
+fn token_len(s: &[u8]) -> usize {
+    s.iter().position(|b| !is_tchar(*b)).unwrap_or(s.len())
+}
+
+/// Length of the quoted-string at the start of `s` (RFC 9110 §5.6.4), if it is one.
+fn quoted_len(s: &[u8]) -> Option<usize> {
+    if s.first() != Some(&b'"') {
+        return None;
+    }
+    let mut i = 1;
+    while let Some(&b) = s.get(i) {
+        match b {
+            b'"' => return Some(i + 1),
+            b'\\' => {
+                // quoted-pair: HTAB, SP, VCHAR or obs-text.
+                let next = *s.get(i + 1)?;
+                if !(next == b'\t' || next >= 0x20) || next == 0x7f {
+                    return None;
+                }
+                i += 2;
+            }
+            b'\t' | b' ' | 0x21..=0x7e | 0x80..=0xff => i += 1,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Whether `ct` is exactly one media type of RFC 9110 §8.3.1:
+/// `type "/" subtype *( OWS ";" OWS [ name "=" ( token / quoted-string ) ] )`, with optional
+/// whitespace around the whole value. A list (`a/b, c/d`), a stray quote or separator, or a
+/// parameter without a value is not one. One pass, no allocation: it runs on every write.
+pub fn is_valid(ct: &str) -> bool {
+    let ows = |s: &[u8], mut i: usize| {
+        while matches!(s.get(i), Some(b' ' | b'\t')) {
+            i += 1;
+        }
+        i
+    };
+    let s = ct.as_bytes();
+    let mut i = ows(s, 0);
+    let ty = token_len(&s[i..]);
+    if ty == 0 || s.get(i + ty) != Some(&b'/') {
+        return false;
+    }
+    i += ty + 1;
+    let sub = token_len(&s[i..]);
+    if sub == 0 {
+        return false;
+    }
+    i += sub;
+    loop {
+        i = ows(s, i);
+        match s.get(i) {
+            None => return true,
+            Some(b';') => i = ows(s, i + 1),
+            Some(_) => return false,
+        }
+        // An empty parameter (`a/b;` or `a/b;;c=d`) is allowed by the grammar.
+        if matches!(s.get(i), None | Some(b';')) {
+            continue;
+        }
+        let name = token_len(&s[i..]);
+        if name == 0 || s.get(i + name) != Some(&b'=') {
+            return false;
+        }
+        i += name + 1;
+        let value = match token_len(&s[i..]) {
+            0 => match quoted_len(&s[i..]) {
+                Some(n) => n,
+                None => return false,
+            },
+            n => n,
+        };
+        i += value;
+    }
+}
 
 /// Normalizes a content type: split on `;`, trim, drop empties, lowercase, join with `"; "`.
 /// An empty value yields `application/octet-stream`.
@@ -66,6 +150,77 @@ mod tests {
             ct in "([ \t;;;aAzZ/=\\u{a0}]|[ -~\\u{80}-\\u{10ffff}]){0,40}"
         ) {
             proptest::prop_assert_eq!(normalize(&ct), normalize_reference(&ct));
+        }
+    }
+
+    #[test]
+    fn media_types_of_rfc_9110_are_valid_and_nothing_else() {
+        for ok in [
+            "application/json",
+            " Application/JSON ",
+            "text/plain; charset=utf-8",
+            "text/plain;charset=UTF-8;format=flowed",
+            "text/plain ;  charset=\"utf-8\"",
+            "text/plain; a=\"x;y\\\"z\"",
+            "application/json;",
+            "application/json;;a=b",
+            "application/vnd.a+json",
+            "x-custom/x.y_z-1",
+        ] {
+            assert!(is_valid(ok), "{ok:?} is a media type");
+        }
+        for bad in [
+            "",
+            "application",
+            "application/",
+            "/json",
+            "application/json, text/plain",
+            "application/json\"",
+            "application/json ,x",
+            "application /json",
+            "application/ json",
+            "application/json x",
+            "text/plain; charset",
+            "text/plain; charset=",
+            "text/plain; charset =utf-8",
+            "text/plain; charset= utf-8",
+            "text/plain; a=\"unterminated",
+            "text/plain; a=\"x\"y",
+            "a/b/c",
+            "x\"><script>/y",
+            "text/plain; a=\"x\u{7f}\"",
+        ] {
+            assert!(!is_valid(bad), "{bad:?} is not a media type");
+        }
+    }
+
+    proptest::proptest! {
+        /// A type, subtype and parameters built from the grammar are accepted; putting a
+        /// character that no token holds in the type or subtype makes the value invalid.
+        #[test]
+        fn grammar_built_media_types_are_valid(
+            ty in "[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,12}",
+            sub in "[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,12}",
+            params in proptest::collection::vec(
+                ("[a-z0-9-]{1,8}", "[a-zA-Z0-9.-]{1,8}|\"[ -!#-\\[\\]-~]{0,8}\""),
+                0..4,
+            ),
+            bad in "[ \"(),/:<=>?@\\[\\]{}]",
+            at in 0usize..24,
+        ) {
+            let mut ct = format!("{ty}/{sub}");
+            for (k, v) in &params {
+                ct.push_str(&format!("; {k}={v}"));
+            }
+            proptest::prop_assert!(is_valid(&ct), "{}", ct);
+            let essence = format!("{ty}/{sub}");
+            let cut = at % (essence.len() + 1);
+            let mut broken = essence.clone();
+            broken.insert_str(cut, &bad);
+            // A leading or trailing space is optional whitespace, not an error.
+            if !(bad == " " && (cut == 0 || cut == essence.len())) {
+                proptest::prop_assert!(!is_valid(&broken), "{}", broken);
+            }
         }
     }
 

@@ -25,6 +25,20 @@ impl fmt::Display for IdError {
     }
 }
 
+/// How much of a rejected ID an error message quotes.
+const QUOTED_ID_BYTES: usize = 64;
+
+/// The start of a rejected ID, quoted, with `...` when cut: a message names the ID without
+/// echoing kilobytes of it back.
+fn quoted_prefix(id: &str) -> String {
+    let mut end = id.len().min(QUOTED_ID_BYTES);
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    let more = if end < id.len() { "..." } else { "" };
+    format!("{:?}{more}", &id[..end])
+}
+
 /// Checks a bucket ID against `^[a-z0-9_-]{4,64}$`.
 pub fn validate_bucket(bucket: &str) -> Result<(), IdError> {
     let ok_len = (4..=64).contains(&bucket.len());
@@ -35,14 +49,18 @@ pub fn validate_bucket(bucket: &str) -> Result<(), IdError> {
         Ok(())
     } else {
         Err(IdError::Bucket(format!(
-            "bucket id {bucket:?} must match [a-z0-9_-]{{4,64}}"
+            "bucket id {} must match [a-z0-9_-]{{4,64}}",
+            quoted_prefix(bucket)
         )))
     }
 }
 
 /// Checks a (decoded) stream ID and the combined key length.
 pub fn validate_stream(bucket: &str, stream: &str) -> Result<(), IdError> {
-    let bad = |why: &str| Err(IdError::Stream(format!("stream id {stream:?} {why}")));
+    let bad = |why: &str| {
+        let shown = quoted_prefix(stream);
+        Err(IdError::Stream(format!("stream id {shown} {why}")))
+    };
     if stream.is_empty() || stream.len() > MAX_KEY_BYTES {
         return bad("must be 1 to 122 bytes");
     }
@@ -160,6 +178,25 @@ impl fmt::Display for Incarnation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rejections_quote_a_short_prefix_of_the_id() {
+        let long = "x".repeat(64 * 1024);
+        let msg = validate_stream("bucket", &long).unwrap_err().to_string();
+        assert!(msg.len() < 200, "{} bytes", msg.len());
+        assert!(msg.contains(&format!("\"{}\"...", "x".repeat(QUOTED_ID_BYTES))));
+        let msg = validate_bucket(&"B".repeat(70_000))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.len() < 200, "{} bytes", msg.len());
+        // A multi-byte character is never cut in half, and a short ID is quoted whole.
+        let msg = validate_stream("bucket", &"é".repeat(100))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(&format!("\"{}\"...", "é".repeat(32))), "{msg}");
+        let msg = validate_stream("bucket", "$x").unwrap_err().to_string();
+        assert!(msg.contains("\"$x\" "), "{msg}");
+    }
 
     proptest::proptest! {
         #[test]

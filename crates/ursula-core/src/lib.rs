@@ -15,6 +15,7 @@
 //! - [`stream`]: one stream's state, boundaries and TTL decisions.
 //! - [`snapshot`]: snapshot digests and the publish/delete checks.
 //! - [`retention`]: the retained offset and physical trimming below it.
+//! - [`records`]: record-aware reads of JSON streams (parameters, start, window).
 //! - [`group`]: one Raft group's state and `apply`.
 
 pub mod bytelog;
@@ -27,6 +28,7 @@ pub mod ids;
 pub mod json;
 pub mod offset;
 pub mod producer;
+pub mod records;
 pub mod retention;
 pub mod snapshot;
 pub mod stream;

@@ -38,6 +38,10 @@ pub struct Config {
     pub cors_allowed_origins: Vec<String>,
     /// Public base URL used in `Location` headers. Default: from the Host header.
     pub public_url: Option<String>,
+    /// Host names this node answers for (the `Host` header without its port, compared
+    /// case-insensitively); other hosts get `400 MALFORMED_REQUEST`. Empty: any valid host.
+    /// Default: [].
+    pub allowed_hosts: Vec<String>,
     /// fsync the log (never disable outside tests). Default: true.
     pub fsync: bool,
 }
@@ -59,6 +63,7 @@ impl Default for Config {
             snapshot_logs: 20_000,
             cors_allowed_origins: vec!["*".to_owned()],
             public_url: None,
+            allowed_hosts: Vec::new(),
             fsync: true,
         }
     }
@@ -94,6 +99,18 @@ impl Config {
             self.snapshot_logs >= 100,
             "snapshot_logs must be at least 100"
         );
+        if let Some(u) = &self.public_url {
+            // Echoed into every create's Location: an http(s) URL with a checked authority.
+            let authority = u
+                .strip_prefix("https://")
+                .or_else(|| u.strip_prefix("http://"))
+                .map(|rest| rest.split('/').next().unwrap_or(""));
+            anyhow::ensure!(
+                authority.is_some_and(crate::http::host::is_valid_authority)
+                    && u.bytes().all(|b| b.is_ascii_graphic()),
+                "public_url must be http://host[:port][/path] or https://..., got {u:?}"
+            );
+        }
         Ok(())
     }
 }

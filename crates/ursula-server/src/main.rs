@@ -64,6 +64,9 @@ struct ServerArgs {
     /// Public base URL for Location headers [default: from the Host header].
     #[arg(long, env = "URSULA_PUBLIC_URL")]
     public_url: Option<String>,
+    /// Host names to answer for, comma-separated; other hosts get 400 [default: any].
+    #[arg(long, env = "URSULA_ALLOWED_HOSTS", value_delimiter = ',')]
+    allowed_hosts: Option<Vec<String>>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -98,6 +101,9 @@ impl ServerArgs {
         }
         if self.public_url.is_some() {
             c.public_url = self.public_url;
+        }
+        if let Some(v) = self.allowed_hosts {
+            c.allowed_hosts = v.into_iter().map(|h| h.trim().to_owned()).collect();
         }
         c.validate()?;
         Ok((c, self.log_format))
@@ -163,6 +169,11 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         recovery_ms = started.elapsed().as_millis() as u64,
         "ursula listening"
     );
+    // The bound address, not `:0`: it is the public base URL of a request without `Host`.
+    let cfg = Config {
+        listen: addr,
+        ..cfg
+    };
     let app = app::App::new(node.clone(), cfg, watchers, None);
     app.spawn_upkeep();
     if let Some(admin) = admin {

@@ -9,12 +9,23 @@
 //! [`JsonParseErrors`] sits between hyper and the socket and recognises that canned answer in
 //! what hyper writes; the same head goes out with our common headers and a JSON body carrying
 //! the matching code. Two guards keep it from touching anything else:
-//! - it only looks at writes while the connection is *armed*: bytes were read since the
-//!   service last took a request ([`Armed`]). hyper answers a parse error in exactly that
-//!   state; a route's response (and so any stream bytes in its body) is written after the
-//!   service took its request;
+//! - it only looks at writes while the connection is *armed*: no request is in the service.
+//!   A connection starts armed, the service disarms it when it takes a request and arms it
+//!   again when its response is ready ([`Armed`]). hyper answers a parse error in exactly that
+//!   state, also for a request that arrived in the same read as the one before it (a
+//!   pipelined request): that is why arming follows the service, not the socket's reads;
 //! - the write must be exactly hyper's answer and nothing else, in one buffer: one of its
 //!   three status lines, then `connection: close`, `content-length: 0` and a `date`.
+//!   Our own heads never look like that (they carry `x-content-type-options`). A response
+//!   body is written while armed, so a body that is exactly such an answer, written on its
+//!   own, would be replaced: only a stream whose bytes are that very text can produce it,
+//!   and its readers then get a JSON error and a closed connection instead of the text.
+//!
+//! hyper answers `431` both for a header section over its buffer and for a request line
+//! over it (a target of about 400 KiB and more); it answers `414` only for a shorter target
+//! over its URI limit. The stream tells the two apart: while armed it notes whether a line
+//! end arrived since the service took the last request, and a `431` before any line end is
+//! an overlong target, answered `414 URI_TOO_LONG` like the shorter ones.
 //!
 //! Everything else passes through untouched; the check costs a flag load per write.
 
@@ -52,23 +63,43 @@ const CANNED_HEADERS: &[u8] = b"\r\nconnection: close\r\ncontent-length: 0\r\nda
 /// An HTTP date (`Mon, 30 Nov 2026 11:23:19 GMT`) is always this long.
 const HTTP_DATE_LEN: usize = 29;
 
-/// Whether bytes were read since the service last took a request: the one state in which
-/// hyper answers a request it could not parse. Shared by a connection's stream and its service.
-#[derive(Clone, Debug, Default)]
-pub struct Armed(Arc<AtomicBool>);
+/// Whether a request is in the service (see the module docs), and whether a line end arrived
+/// since it took the last one. Shared by a connection's stream and its service.
+#[derive(Clone, Debug)]
+pub struct Armed(Arc<[AtomicBool; 2]>);
+
+impl Default for Armed {
+    /// A new connection: armed, no line end seen.
+    fn default() -> Self {
+        Armed(Arc::new([AtomicBool::new(true), AtomicBool::new(false)]))
+    }
+}
 
 impl Armed {
     /// Called by the service when it takes a request.
     pub fn disarm(&self) {
-        self.0.store(false, Ordering::Relaxed);
+        self.0[0].store(false, Ordering::Relaxed);
+        self.0[1].store(false, Ordering::Relaxed);
     }
 
-    fn arm(&self) {
-        self.0.store(true, Ordering::Relaxed);
+    /// Called by the service when its response is ready: the next request is hyper's again.
+    pub fn arm(&self) {
+        self.0[0].store(true, Ordering::Relaxed);
     }
 
     fn is_armed(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0[0].load(Ordering::Relaxed)
+    }
+
+    /// Notes the bytes hyper reads while armed (a request head), until one holds a line end.
+    fn saw(&self, bytes: &[u8]) {
+        if self.is_armed() && !self.line_ended() && bytes.contains(&b'\n') {
+            self.0[1].store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn line_ended(&self) -> bool {
+        self.0[1].load(Ordering::Relaxed)
     }
 }
 
@@ -93,9 +124,14 @@ impl<S> JsonParseErrors<S> {
 }
 
 /// The answer to write instead of `head`, if `head` is exactly hyper's canned error answer.
-fn replacement(head: &[u8]) -> Option<Vec<u8>> {
-    let (status, code, message) = CANNED.iter().find(|(line, _, _)| head.starts_with(line))?;
-    let date_line = head[status.len()..].strip_prefix(CANNED_HEADERS)?;
+/// `line_ended`: whether the request's first line was complete (else a `431` is a `414`).
+fn replacement(head: &[u8], line_ended: bool) -> Option<Vec<u8>> {
+    let found = CANNED.iter().find(|(line, _, _)| head.starts_with(line))?;
+    let date_line = head[found.0.len()..].strip_prefix(CANNED_HEADERS)?;
+    let (status, code, message) = match found.1 {
+        ErrorCode::HEADERS_TOO_LARGE if !line_ended => &CANNED[1],
+        _ => found,
+    };
     let date = date_line.strip_suffix(b"\r\n\r\n")?;
     if date.len() != HTTP_DATE_LEN
         || !date
@@ -150,8 +186,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for JsonParseErrors<S> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let res = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.armed.arm();
+        if let Some(new) = buf.filled().get(before..) {
+            this.armed.saw(new);
         }
         res
     }
@@ -165,7 +201,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.replacing.is_none() {
-            match this.armed.is_armed().then(|| replacement(buf)).flatten() {
+            match (this.armed.is_armed())
+                .then(|| replacement(buf, this.armed.line_ended()))
+                .flatten()
+            {
                 Some(bytes) => this.replacing = Some((bytes, 0, buf.len())),
                 None => return Pin::new(&mut this.inner).poll_write(cx, buf),
             }
@@ -186,7 +225,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
                 (Some(b), None) if this.armed.is_armed() => Some(b),
                 _ => None,
             };
-            match only.and_then(|b| replacement(b).map(|r| (r, b.len()))) {
+            let line_ended = this.armed.line_ended();
+            match only.and_then(|b| replacement(b, line_ended).map(|r| (r, b.len()))) {
                 Some((bytes, len)) => this.replacing = Some((bytes, 0, len)),
                 None => return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
             }
@@ -227,7 +267,7 @@ mod tests {
 
     #[test]
     fn canned_answers_get_the_json_body_and_keep_their_head() {
-        let out = replacement(CANNED_431).expect("recognised");
+        let out = replacement(CANNED_431, true).expect("recognised");
         let (head, body) = split(&out);
         assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
         assert!(head.contains("\r\nconnection: close\r\n"));
@@ -250,9 +290,26 @@ mod tests {
             let canned = format!(
                 "HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\n"
             );
-            let (_, body) = split(&replacement(canned.as_bytes()).unwrap());
+            let (_, body) = split(&replacement(canned.as_bytes(), true).unwrap());
             assert_eq!(body["error"]["code"], code, "{status}");
         }
+    }
+
+    #[test]
+    fn a_431_before_the_first_line_ended_is_an_overlong_target() {
+        let (head, body) = split(&replacement(CANNED_431, false).unwrap());
+        assert!(head.starts_with("HTTP/1.1 414 URI Too Long\r\n"), "{head}");
+        assert_eq!(body["error"]["code"], "URI_TOO_LONG");
+        let armed = Armed::default();
+        armed.saw(b"GET /aaaa");
+        assert!(!armed.line_ended());
+        armed.saw(b"aa HTTP/1.1\r\n");
+        assert!(armed.line_ended());
+        // While a request is in the service, its body's line ends do not count.
+        armed.disarm();
+        armed.saw(b"body\n");
+        armed.arm();
+        assert!(!armed.line_ended());
     }
 
     #[test]
@@ -267,7 +324,7 @@ mod tests {
             b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\nx-a: b\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\n",
             b"HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 11:23:19 GMT\r\n\r\n",
         ] {
-            assert!(replacement(answer).is_none(), "{:?}", String::from_utf8_lossy(answer));
+            assert!(replacement(answer, true).is_none(), "{:?}", String::from_utf8_lossy(answer));
         }
     }
 
@@ -275,16 +332,18 @@ mod tests {
     async fn the_stream_writes_the_replacement_and_reports_hypers_length() {
         let (a, mut b) = tokio::io::duplex(16); // small: the replacement needs many writes
         let armed = Armed::default();
+        armed.disarm(); // a request is in the service
         let mut w = JsonParseErrors::new(a, armed.clone());
         let reader = tokio::spawn(async move {
             let mut got = Vec::new();
             b.read_to_end(&mut got).await.unwrap();
             got
         });
-        // Not armed (nothing read since the service took a request): even hyper's exact
-        // answer, say as a stream's bytes in a body, passes through.
+        // Not armed (a request is in the service): even hyper's exact answer, say as a
+        // stream's bytes in a body, passes through.
         w.write_all(CANNED_431).await.unwrap();
         armed.arm();
+        armed.saw(b"GET / HTTP/1.1\r\nX-Big: ");
         let n = std::future::poll_fn(|cx| Pin::new(&mut w).poll_write(cx, CANNED_431))
             .await
             .unwrap();
@@ -294,7 +353,7 @@ mod tests {
         drop(w);
         let got = reader.await.unwrap();
         let mut want = CANNED_431.to_vec();
-        want.extend_from_slice(&replacement(CANNED_431).unwrap());
+        want.extend_from_slice(&replacement(CANNED_431, true).unwrap());
         want.extend_from_slice(b"after");
         assert_eq!(got, want);
     }

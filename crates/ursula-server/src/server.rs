@@ -46,7 +46,14 @@ pub async fn run<H, F>(
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             armed.disarm();
             let fut = handler(app.clone(), req.map(Body::new));
-            async move { Ok::<_, Infallible>(fut.await) }
+            let armed = armed.clone();
+            async move {
+                let resp = fut.await;
+                // What hyper writes next, after this response, may be its own error answer
+                // to the next request (parse_errors.rs).
+                armed.arm();
+                Ok::<_, Infallible>(resp)
+            }
         });
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())

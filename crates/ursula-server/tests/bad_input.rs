@@ -9,6 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
 mod common;
+#[path = "bad_input/http_edges.rs"]
+mod http_edges;
 
 use common::{Conn, PeerState, Response, Server, build_request, check_error_body, off20, truncate};
 use std::io::Write as _;

@@ -54,7 +54,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | INVALID_RECORD_BOUNDARIES
         | INVALID_SNAPSHOT
         | INVALID_RETENTION
-        | MALFORMED_REQUEST => StatusCode::BAD_REQUEST,
+        | MALFORMED_REQUEST
+        | INVALID_CONTENT_TYPE => StatusCode::BAD_REQUEST,
         REQUEST_TIMEOUT => StatusCode::REQUEST_TIMEOUT,
         PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
         URI_TOO_LONG => StatusCode::URI_TOO_LONG,

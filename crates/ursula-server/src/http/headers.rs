@@ -107,11 +107,52 @@ pub fn stream_seq(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
         .map(str::to_owned))
 }
 
-/// The request's normalized content type, `None` when absent or empty.
+/// The request's normalized content type, `None` when absent or empty. Anything but one
+/// media type (RFC 9110 §8.3.1), or the header twice, is `400 INVALID_CONTENT_TYPE`.
 pub fn content_type(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
-    Ok(text(hm, &header::CONTENT_TYPE, ErrorCode::INVALID_HEADER)?
-        .filter(|v| !v.trim().is_empty())
-        .map(ursula_core::content_type::normalize))
+    let Some(v) = single_content_type(hm)?.filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    Ok(Some(ursula_core::content_type::normalize(v)))
+}
+
+/// The raw `Content-Type` when it is absent, empty or one valid media type.
+pub fn single_content_type(hm: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut all = hm.get_all(header::CONTENT_TYPE).iter();
+    let (Some(v), None) = (all.next(), all.next()) else {
+        if hm.contains_key(header::CONTENT_TYPE) {
+            return Err(bad_content_type("Content-Type must be sent once"));
+        }
+        return Ok(None);
+    };
+    let v = v
+        .to_str()
+        .map_err(|_| bad_content_type("Content-Type is not visible ASCII"))?;
+    if v.trim().is_empty() || ursula_core::content_type::is_valid(v) {
+        Ok(Some(v))
+    } else {
+        Err(bad_content_type(&format!(
+            "Content-Type {:?} is not one media type (type/subtype; parameters)",
+            shorten(v, 64)
+        )))
+    }
+}
+
+fn bad_content_type(m: &str) -> ApiError {
+    ApiError::new(ErrorCode::INVALID_CONTENT_TYPE, m.to_owned())
+}
+
+/// At most `max` bytes of `s` (cut on a character boundary), with `...` when cut: error
+/// messages quote what the client sent without echoing kilobytes of it back.
+pub fn shorten(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}...", &s[..end]))
 }
 
 fn unsigned(v: &str) -> Option<u64> {
@@ -199,7 +240,8 @@ pub fn lifetime(hm: &HeaderMap, now_ms: u64) -> Result<Lifetime, ApiError> {
                 .is_some_and(|n| n.checked_mul(1000).is_some());
         if !valid {
             return Err(bad(format!(
-                "Stream-TTL {v:?} must be a positive number of seconds"
+                "Stream-TTL {:?} must be a positive number of seconds",
+                shorten(v, 64)
             )));
         }
         lt.ttl_s = v.parse().ok();
@@ -207,7 +249,8 @@ pub fn lifetime(hm: &HeaderMap, now_ms: u64) -> Result<Lifetime, ApiError> {
     if let Some(v) = exp {
         let t = chrono::DateTime::parse_from_rfc3339(v.trim()).map_err(|_| {
             bad(format!(
-                "Stream-Expires-At {v:?} is not an RFC 3339 timestamp"
+                "Stream-Expires-At {:?} is not an RFC 3339 timestamp",
+                shorten(v, 64)
             ))
         })?;
         let ms = u64::try_from(t.timestamp_millis()).unwrap_or(0);

@@ -6,9 +6,13 @@ pub mod bootstrap;
 pub mod bucket;
 pub mod error;
 pub mod headers;
+pub mod host;
+pub mod long_poll;
 pub mod ops;
 pub mod path;
+pub mod query;
 pub mod read;
+pub mod record_read;
 pub mod render;
 pub mod retention;
 pub mod snapshot;
@@ -37,7 +41,9 @@ Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Ma
 pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
     inc(&app.metrics.requests, 1);
     let origin = req.headers().get(header::ORIGIN).cloned();
-    let mut resp = if req.method() == Method::OPTIONS {
+    let mut resp = if let Err(e) = host::check(&app, &req) {
+        error::render(e)
+    } else if req.method() == Method::OPTIONS {
         options(&app, &req, origin.as_ref())
     } else {
         match dispatch(&app, req).await {

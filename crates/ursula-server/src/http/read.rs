@@ -2,17 +2,17 @@
 
 use super::error::ApiError;
 use super::path::Target;
-use super::{ApiResult, Resp, headers as h, render, sse};
+use super::query::{Live, parse_query, wants_ndjson};
+use super::{ApiResult, headers as h, long_poll, record_read, render, sse};
 use crate::app::App;
 use crate::metrics::inc;
 use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use std::sync::Arc;
-use std::time::Duration;
 use ursula_core::cold::Piece;
 use ursula_core::command::{Lifetime, Op};
 use ursula_core::ids::Incarnation;
-use ursula_core::offset::{self, Off, ReadStart};
+use ursula_core::offset::{Off, ReadStart};
 use ursula_core::snapshot::{Digest, MAX_SNAPSHOT_REQUEST_BYTES};
 use ursula_core::stream::StreamState;
 use ursula_core::{ErrorCode, StreamKey, json};
@@ -163,111 +163,6 @@ pub async fn collect(
     Ok(())
 }
 
-/// Query parameters of a read.
-#[derive(Debug, Default)]
-pub struct ReadQuery {
-    pub offset: Option<ReadStart>,
-    pub live: Option<Live>,
-    pub cursor: Option<String>,
-    pub timeout_ms: Option<u64>,
-    pub max_bytes: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Live {
-    LongPoll,
-    Sse,
-}
-
-fn bad_query(m: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorCode::INVALID_QUERY, m)
-}
-
-pub fn parse_query(q: Option<&str>) -> Result<ReadQuery, ApiError> {
-    let mut rq = ReadQuery::default();
-    let mut seen_offset = false;
-    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, raw) = pair.split_once('=').unwrap_or((pair, ""));
-        if !matches!(k, "offset" | "live" | "cursor" | "timeout_ms" | "max_bytes") {
-            continue;
-        }
-        let v = match (k, super::path::pct_decode(&raw.replace('+', " "))) {
-            (_, Some(v)) => v,
-            ("offset", None) => {
-                return Err(ApiError::new(
-                    ErrorCode::INVALID_OFFSET,
-                    "offset is not valid UTF-8",
-                ));
-            }
-            ("cursor", None) => String::new(),
-            (_, None) => return Err(bad_query(format!("{k} is not valid UTF-8"))),
-        };
-        match k {
-            "offset" => {
-                if seen_offset {
-                    return Err(bad_query("offset given twice"));
-                }
-                seen_offset = true;
-                rq.offset = Some(offset::parse_read_offset(&v).ok_or_else(|| {
-                    ApiError::new(ErrorCode::INVALID_OFFSET, format!("invalid offset {v:?}"))
-                })?);
-            }
-            "live" => {
-                rq.live = match v.as_str() {
-                    "long-poll" => Some(Live::LongPoll),
-                    "sse" => Some(Live::Sse),
-                    _ => return Err(bad_query(format!("invalid live mode {v:?}"))),
-                }
-            }
-            "cursor" => rq.cursor = Some(v),
-            "timeout_ms" => {
-                rq.timeout_ms = Some(
-                    offset::parse_digits(&v)
-                        .ok_or_else(|| bad_query("timeout_ms must be an integer"))?,
-                )
-            }
-            "max_bytes" => {
-                rq.max_bytes = Some(
-                    offset::parse_digits(&v)
-                        .filter(|n| *n >= 1)
-                        .ok_or_else(|| bad_query("max_bytes must be an integer >= 1"))?,
-                )
-            }
-            _ => {}
-        }
-    }
-    if rq.live.is_some() && rq.offset.is_none() {
-        return Err(bad_query("a live read needs an offset"));
-    }
-    Ok(rq)
-}
-
-/// Whether the client asked for NDJSON over the default JSON array.
-fn wants_ndjson(hm: &HeaderMap) -> bool {
-    let Some(accept) = hm.get(http::header::ACCEPT).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let mut nd: Option<f32> = None;
-    let mut js: f32 = 0.0;
-    for item in accept.split(',') {
-        let mut parts = item.split(';');
-        let ty = parts.next().unwrap_or("").trim().to_ascii_lowercase();
-        let q = parts
-            .find_map(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|q| q.trim().parse::<f32>().ok())
-            })
-            .unwrap_or(1.0);
-        if ty == "application/x-ndjson" {
-            nd = Some(nd.map_or(q, |x| x.max(q)));
-        } else if ty == "application/json" {
-            js = js.max(q);
-        }
-    }
-    nd.is_some_and(|q| q > 0.0 && q >= js)
-}
-
 /// Representation of a read response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Repr {
@@ -345,6 +240,17 @@ pub async fn body_of(
 }
 
 fn etag(v: &View, start: u64, end: u64, repr: Repr) -> String {
+    let view = match repr {
+        Repr::JsonArray => ":a",
+        Repr::Ndjson => ":n",
+        Repr::Bytes => "",
+    };
+    etag_of(v, start, end, view)
+}
+
+/// The ETag of the bytes `[start, end)` in the representation named by `view` (`:a`, `:n`,
+/// `:env` or nothing; protocol.md §12.2).
+pub(super) fn etag_of(v: &View, start: u64, end: u64, view: &str) -> String {
     let mut t = format!("\"{}:{}:{}", v.incarnation, Off(start), Off(end));
     if end == v.tail {
         t.push_str(":u");
@@ -352,16 +258,12 @@ fn etag(v: &View, start: u64, end: u64, repr: Repr) -> String {
             t.push_str(":c");
         }
     }
-    match repr {
-        Repr::JsonArray => t.push_str(":a"),
-        Repr::Ndjson => t.push_str(":n"),
-        Repr::Bytes => {}
-    }
+    t.push_str(view);
     t.push('"');
     t
 }
 
-fn if_none_match(hm: &HeaderMap, tag: &str) -> bool {
+pub(super) fn if_none_match(hm: &HeaderMap, tag: &str) -> bool {
     hm.get_all(http::header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -376,7 +278,7 @@ pub fn cursor(next: u64, echoed: Option<&str>) -> String {
     }
 }
 
-fn put_stream_headers(hm: &mut HeaderMap, v: &View, repr: Repr) {
+pub(super) fn put_stream_headers(hm: &mut HeaderMap, v: &View, repr: Repr) {
     let ct = if repr == Repr::Ndjson {
         "application/x-ndjson"
     } else {
@@ -406,6 +308,9 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
     let hm = req.headers();
     let key = &target.key;
     let v = view(app, key, app.now_ms())?;
+    if let Some(rq) = q.records {
+        return record_read::get(app, target, v, rq, q, hm).await;
+    }
     let repr = match (v.json, wants_ndjson(hm)) {
         (false, _) => Repr::Bytes,
         (true, true) => Repr::Ndjson,
@@ -422,10 +327,34 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
     match q.live {
         Some(Live::Sse) => {
             touch_if_due(app, key, &v).await;
-            return sse::open(app.clone(), target.clone(), v, start, q);
+            return sse::open(app.clone(), target.clone(), v, start, q, None);
         }
         Some(Live::LongPoll) => {
-            return long_poll(app, target, v.incarnation, start, repr, q, hm).await;
+            let max = q
+                .max_bytes
+                .unwrap_or(app.cfg.max_read_bytes)
+                .min(app.cfg.max_read_bytes);
+            let echoed = q.cursor.clone().unwrap_or_default();
+            let echoed = echoed.as_str();
+            let data = |v: View| async move {
+                if start >= v.tail {
+                    return Ok(None);
+                }
+                let end = window_end(app, key, &v, repr, start, max);
+                data_response(app, target, &v, repr, start, end, true, Some(echoed), hm)
+                    .await
+                    .map(Some)
+            };
+            return long_poll::wait(
+                app,
+                target,
+                v.incarnation,
+                q.timeout_ms,
+                q.cursor.as_deref(),
+                data,
+                long_poll::no_content,
+            )
+            .await;
         }
         None => {}
     }
@@ -489,109 +418,6 @@ async fn data_response(
         );
     }
     Ok(resp)
-}
-
-#[allow(clippy::too_many_arguments, reason = "mirrors data_response")]
-async fn long_poll(
-    app: &Arc<App>,
-    target: &Target,
-    opened: Incarnation,
-    start: u64,
-    repr: Repr,
-    q: ReadQuery,
-    hm: &HeaderMap,
-) -> ApiResult {
-    let key = &target.key;
-    let echoed = q.cursor.clone().unwrap_or_default();
-    let timeout = Duration::from_millis(
-        q.timeout_ms
-            .unwrap_or(app.cfg.long_poll_timeout_ms)
-            .clamp(1, 60_000),
-    );
-    let mut deadline = tokio::time::Instant::now() + timeout;
-    check_waiter_capacity(app)?;
-    let _waiter = crate::metrics::Gauge::new(&app.metrics.live_waiters);
-    let mut stop = app.shutdown.subscribe();
-    // Register before looking again, so no commit can slip between look and wait.
-    let mut watch = app.watchers.watch(app.group_of(key), key);
-    let mut v = view(app, key, app.now_ms())?;
-    touch_if_due(app, key, &v).await;
-    loop {
-        if v.incarnation != opened {
-            return Err(ApiError::new(
-                ErrorCode::STREAM_NOT_FOUND,
-                "the stream was deleted while the read waited",
-            ));
-        }
-        if start < v.tail {
-            let max = q
-                .max_bytes
-                .unwrap_or(app.cfg.max_read_bytes)
-                .min(app.cfg.max_read_bytes);
-            let end = window_end(app, key, &v, repr, start, max);
-            return data_response(app, target, &v, repr, start, end, true, Some(&echoed), hm)
-                .await;
-        }
-        if v.closed {
-            return Ok(no_content(&v, None));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let c = cursor(v.tail, Some(echoed.as_str()).filter(|c| !c.is_empty()));
-            return Ok(no_content(&v, Some(c)));
-        }
-        // Wake for commits; also every quarter TTL so a waiting reader keeps the stream alive.
-        let quarter = v
-            .lifetime
-            .ttl_s
-            .map(|t| Duration::from_millis(t.saturating_mul(1000).div_ceil(4)));
-        let wake_at = quarter.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
-        tokio::select! {
-            () = watch.changed() => inc(&app.metrics.live_wakeups, 1),
-            _ = tokio::time::sleep_until(wake_at) => {}
-            // Shutting down: answer now, as a timeout would.
-            _ = stop.changed() => deadline = tokio::time::Instant::now(),
-        }
-        v = view(app, key, app.now_ms())?;
-        touch_if_due(app, key, &v).await;
-    }
-}
-
-/// `503 LIVE_READ_BACKPRESSURE` once the node holds `live_read_max_waiters` live readers.
-pub fn check_waiter_capacity(app: &App) -> Result<(), ApiError> {
-    let max = app.cfg.live_read_max_waiters;
-    let held = app
-        .metrics
-        .live_waiters
-        .load(std::sync::atomic::Ordering::Relaxed)
-        + app
-            .metrics
-            .sse_connections
-            .load(std::sync::atomic::Ordering::Relaxed);
-    if max > 0 && held >= max {
-        return Err(ApiError::new(
-            ErrorCode::LIVE_READ_BACKPRESSURE,
-            format!("this node already holds {max} live readers; retry"),
-        ));
-    }
-    Ok(())
-}
-
-fn no_content(v: &View, cursor: Option<String>) -> Resp {
-    let mut r = render::empty(StatusCode::NO_CONTENT);
-    let hm = r.headers_mut();
-    h::put_off(hm, &h::STREAM_NEXT_OFFSET, v.tail);
-    hm.insert(&h::STREAM_UP_TO_DATE, HeaderValue::from_static("true"));
-    h::put_incarnation(hm, v.incarnation);
-    if v.json {
-        h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
-    }
-    match cursor {
-        Some(c) => h::put(hm, &h::STREAM_CURSOR, &c),
-        None => {
-            hm.insert(&h::STREAM_CLOSED, HeaderValue::from_static("true"));
-        }
-    }
-    r
 }
 
 pub fn head(app: &Arc<App>, target: &Target, hm: &HeaderMap) -> ApiResult {

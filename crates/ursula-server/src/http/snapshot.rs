@@ -70,7 +70,10 @@ pub fn path_offset(seg: &str) -> Result<u64, ApiError> {
         .ok_or_else(|| {
             ApiError::new(
                 ErrorCode::INVALID_OFFSET,
-                format!("{seg:?} is not an offset (1 to 20 digits)"),
+                format!(
+                    "{:?} is not an offset (1 to 20 digits)",
+                    h::shorten(seg, 64)
+                ),
             )
         })
 }
@@ -106,13 +109,19 @@ fn snapshot_content_type(hm: &HeaderMap) -> Result<String, ApiError> {
         .as_bytes()
         .iter()
         .all(|b| (0x20..=0x7e).contains(b) || *b == b'\t');
-    match v.to_str() {
-        Ok(s) if visible => Ok(content_type::normalize(s)),
-        _ => Err(ApiError::new(
+    if !visible || v.to_str().is_err() {
+        return Err(ApiError::new(
             ErrorCode::INVALID_SNAPSHOT,
             "the snapshot Content-Type must be visible ASCII",
-        )),
+        ));
     }
+    // One media type, sent once (`400 INVALID_CONTENT_TYPE` otherwise).
+    Ok(h::single_content_type(hm)?
+        .filter(|s| !s.trim().is_empty())
+        .map_or_else(
+            || "application/octet-stream".to_owned(),
+            content_type::normalize,
+        ))
 }
 
 /// `Stream-Snapshot-Match`: an empty value is malformed.
@@ -332,6 +341,19 @@ mod tests {
         assert_eq!(
             snapshot_content_type(&hm).err().map(|e| e.code()),
             Some(ErrorCode::INVALID_SNAPSHOT)
+        );
+        for bad in ["application/json, text/plain", "application/json\"", "text"] {
+            hm.insert("content-type", HeaderValue::from_static(bad));
+            assert_eq!(
+                snapshot_content_type(&hm).err().map(|e| e.code()),
+                Some(ErrorCode::INVALID_CONTENT_TYPE),
+                "{bad:?}"
+            );
+        }
+        hm.insert("content-type", HeaderValue::from_static(" "));
+        assert_eq!(
+            snapshot_content_type(&hm).ok().as_deref(),
+            Some("application/octet-stream")
         );
     }
 }

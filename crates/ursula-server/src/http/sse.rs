@@ -1,8 +1,9 @@
 //! Server-Sent Events reads (protocol.md §10.4).
 
 use super::path::Target;
-use super::read::{self, ReadQuery, Repr, View};
-use super::{ApiResult, headers as h};
+use super::query::ReadQuery;
+use super::read::{self, Repr, View};
+use super::{ApiResult, headers as h, long_poll, record_read};
 use crate::app::App;
 use crate::metrics::{Gauge, inc};
 use axum::body::Body;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use ursula_core::content_type;
 use ursula_core::offset::Off;
+use ursula_core::records::{RecordQuery, envelope_into};
 
 /// A comment line after this long without events keeps proxies from closing the response.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -28,7 +30,24 @@ enum Encoding {
     Base64,
 }
 
-pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) -> ApiResult {
+/// A record-aware SSE read: the ordinal it is at, and the batch and view rules.
+#[derive(Clone, Copy)]
+struct Records {
+    next: u64,
+    max_records: Option<u64>,
+    envelope: bool,
+}
+
+/// Opens an SSE response from offset `start`; `records`, for a record-aware read, holds the
+/// ordinal at `start` and the record parameters (extensions.md §11.8).
+pub fn open(
+    app: Arc<App>,
+    target: Target,
+    v: View,
+    start: u64,
+    q: ReadQuery,
+    records: Option<(u64, RecordQuery)>,
+) -> ApiResult {
     let enc = if v.json {
         Encoding::Json
     } else if content_type::is_text(&v.content_type) {
@@ -43,7 +62,14 @@ pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) ->
         HeaderValue::from_static("text/event-stream"),
     );
     hm.insert("cache-control", HeaderValue::from_static("no-cache"));
-    let data_ct = if v.json {
+    let records = records.map(|(next, rq)| Records {
+        next,
+        max_records: rq.max_records,
+        envelope: rq.envelope,
+    });
+    let data_ct = if records.is_some_and(|r| r.envelope) {
+        "application/vnd.durable-stream-record+json"
+    } else if v.json {
         "application/json"
     } else {
         v.content_type.as_str()
@@ -60,7 +86,7 @@ pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) ->
         h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
     let (tx, rx) = mpsc::channel::<Bytes>(8);
-    read::check_waiter_capacity(&app)?;
+    long_poll::check_waiter_capacity(&app)?;
     let batch = q
         .max_bytes
         .unwrap_or(app.cfg.sse_batch_bytes)
@@ -69,7 +95,11 @@ pub fn open(app: Arc<App>, target: Target, v: View, start: u64, q: ReadQuery) ->
         incarnation: v.incarnation,
         ttl_s: v.lifetime.ttl_s,
     };
-    tokio::spawn(run(app, target, opened, start, batch, q.cursor, enc, tx));
+    let pos = Position {
+        offset: start,
+        records,
+    };
+    tokio::spawn(run(app, target, opened, pos, batch, q.cursor, enc, tx));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
@@ -103,9 +133,24 @@ fn data_event(enc: Encoding, payload: &[u8]) -> String {
     ev
 }
 
-fn control_event(next: u64, cursor: Option<String>, up_to_date: bool, closed: bool) -> String {
+/// Where an SSE response is: its offset and, for a record read, its ordinal.
+struct Position {
+    offset: u64,
+    records: Option<Records>,
+}
+
+fn control_event(
+    next: u64,
+    records: Option<(u64, u64)>,
+    cursor: Option<String>,
+    up_to_date: bool,
+    closed: bool,
+) -> String {
     let mut m = serde_json::Map::new();
     m.insert("streamNextOffset".into(), Off(next).to_string().into());
+    if let Some((first, next)) = records {
+        record_read::control_fields(&mut m, first, next);
+    }
     if let Some(c) = cursor {
         m.insert("streamCursor".into(), c.into());
     }
@@ -152,7 +197,7 @@ async fn run(
     app: Arc<App>,
     target: Target,
     opened: Opened,
-    mut pos: u64,
+    position: Position,
     batch: u64,
     mut cursor_echo: Option<String>,
     enc: Encoding,
@@ -160,6 +205,7 @@ async fn run(
 ) {
     let _open = Gauge::new(&app.metrics.sse_connections);
     let key = &target.key;
+    let (mut pos, mut records) = (position.offset, position.records);
     // Registered before the first look at the stream, so no commit slips past.
     let mut watch = app.watchers.watch(app.group_of(key), key);
     let started = tokio::time::Instant::now();
@@ -201,6 +247,41 @@ async fn run(
                 .send(Bytes::from(error_event(&e.rejection.message)))
                 .await;
             return;
+        }
+        if pos < v.tail
+            && let Some(r) = records.as_mut()
+        {
+            let (ev, end, up_to_date) = match record_batch(&app, &target, r, batch).await {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx
+                        .send(Bytes::from(error_event(&e.rejection.message)))
+                        .await;
+                    return;
+                }
+            };
+            let closed = up_to_date && v.closed;
+            let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
+            let mut ev = ev;
+            ev.push_str(&control_event(
+                end,
+                Some((v.record_first, r.next)),
+                c.clone(),
+                up_to_date,
+                closed,
+            ));
+            inc(&app.metrics.read_bytes, end - pos);
+            last_sent = tokio::time::Instant::now();
+            if tx.send(Bytes::from(ev)).await.is_err() {
+                return;
+            }
+            cursor_echo = c;
+            pos = end;
+            first = false;
+            if closed || (up_to_date && started.elapsed() > MAX_LIFETIME) {
+                return;
+            }
+            continue;
         }
         if pos < v.tail {
             let mut end = read::window_end(&app, key, &v, repr, pos, batch);
@@ -244,7 +325,7 @@ async fn run(
             let closed = at_tail && v.closed;
             let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
             let mut ev = data_event(enc, &payload);
-            ev.push_str(&control_event(end, c.clone(), at_tail, closed));
+            ev.push_str(&control_event(end, None, c.clone(), at_tail, closed));
             last_sent = tokio::time::Instant::now();
             if tx.send(Bytes::from(ev)).await.is_err() {
                 return;
@@ -262,6 +343,7 @@ async fn run(
             if tx
                 .send(Bytes::from(control_event(
                     v.tail,
+                    records.map(|r| (v.record_first, r.next)),
                     c.clone(),
                     true,
                     v.closed,
@@ -301,4 +383,35 @@ async fn run(
             }
         }
     }
+}
+
+/// The data event of one batch of a record read, from ordinal `r.next` (which it
+/// advances): one array of at most `max_records` complete records, or for the envelope view
+/// one record. Returns the events, the offset after them and whether they reach
+/// the record tail.
+async fn record_batch(
+    app: &App,
+    target: &Target,
+    r: &mut Records,
+    batch: u64,
+) -> Result<(String, u64, bool), super::error::ApiError> {
+    // The envelope view sends one record per data event, each with its control event.
+    let max = if r.envelope { Some(1) } else { r.max_records };
+    let w = record_read::window(app, target, r.next, max, batch)?;
+    let mut raw = Vec::new();
+    read::collect(app, &target.key, w.start_offset, w.end_offset, &mut raw).await?;
+    let mut ev = String::new();
+    if r.envelope {
+        let mut lines = Vec::new();
+        envelope_into(&raw, w.start, &mut lines);
+        for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            ev.push_str(&data_event(Encoding::Json, line));
+        }
+    } else {
+        let mut out = Vec::with_capacity(raw.len() + 2);
+        ursula_core::json::ndjson_to_array(&raw, &mut out);
+        ev.push_str(&data_event(Encoding::Json, &out));
+    }
+    r.next = w.next;
+    Ok((ev, w.end_offset, w.up_to_date()))
 }

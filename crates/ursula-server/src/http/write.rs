@@ -24,18 +24,12 @@ fn canonical(body: Bytes, is_json: bool) -> Result<(Bytes, u64), ApiError> {
     Ok((Bytes::from(n.bytes), n.messages as u64))
 }
 
-fn location(app: &App, headers: &HeaderMap, target: &Target) -> String {
-    let base = match &app.cfg.public_url {
-        Some(u) => u.trim_end_matches('/').to_owned(),
-        None => {
-            let host = headers
-                .get(http::header::HOST)
-                .and_then(|v| v.to_str().ok())
-                .map_or_else(|| app.cfg.listen.to_string(), str::to_owned);
-            format!("http://{host}")
-        }
-    };
-    format!("{base}{}", target.public_path)
+fn location(app: &App, uri: &http::Uri, headers: &HeaderMap, target: &Target) -> String {
+    format!(
+        "{}{}",
+        super::host::base_url(app, uri, headers),
+        target.public_path
+    )
 }
 
 struct ForkHeaders {
@@ -73,7 +67,7 @@ fn fork_headers(hm: &HeaderMap, target: &Target) -> Result<Option<ForkHeaders>, 
         Some(v) => Some(offset::parse_fork_offset(v.trim()).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::INVALID_FORK_OFFSET,
-                format!("invalid Stream-Fork-Offset {v:?}"),
+                format!("invalid Stream-Fork-Offset {:?}", h::shorten(v, 64)),
             )
         })?),
     };
@@ -82,7 +76,7 @@ fn fork_headers(hm: &HeaderMap, target: &Target) -> Result<Option<ForkHeaders>, 
         Some(v) => offset::parse_canonical_uint(v.trim()).ok_or_else(|| {
             ApiError::new(
                 ErrorCode::INVALID_FORK_SUB_OFFSET,
-                format!("invalid Stream-Fork-Sub-Offset {v:?}"),
+                format!("invalid Stream-Fork-Sub-Offset {:?}", h::shorten(v, 64)),
             )
         })?,
     };
@@ -123,7 +117,7 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         fork: None,
     };
     let group = app.group_of(&target.key);
-    let loc = location(app, hm, target);
+    let loc = location(app, &parts.uri, hm, target);
     let Some(f) = fork else {
         return match app.propose(group, Op::Create(Box::new(cr))).await? {
             Reply::Created(c) => Ok(render::created(&c, &loc)),
