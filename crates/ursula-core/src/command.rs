@@ -375,14 +375,3 @@ pub struct AppendReply {
     /// True when a body was appended (decides 200 vs 204 for producers).
     pub appended: bool,
 }
-
-impl Command {
-    /// Binary encoding used in the Raft log, appended to `buf`.
-    pub fn encode_into(&self, buf: &mut Vec<u8>) -> Result<(), String> {
-        bincode::serialize_into(buf, self).map_err(|e| e.to_string())
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        bincode::deserialize(bytes).map_err(|e| e.to_string())
-    }
-}

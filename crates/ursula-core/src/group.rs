@@ -715,15 +715,6 @@ impl GroupState {
             .filter(|(k, s)| k.bucket() == bucket && !s.soft_deleted && !s.expired(now_ms))
             .count()
     }
-
-    /// Snapshot encoding of the whole group state.
-    pub fn encode(&self) -> Result<Vec<u8>, String> {
-        bincode::serialize(self).map_err(|e| e.to_string())
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        bincode::deserialize(bytes).map_err(|e| e.to_string())
-    }
 }
 
 /// What a fork takes over from its source besides bytes: the message index of the prefix,

@@ -17,11 +17,13 @@
 //! - [`retention`]: the retained offset and physical trimming below it.
 //! - [`records`]: record-aware reads of JSON streams (parameters, start, window).
 //! - [`group`]: one Raft group's state and `apply`.
+//! - [`encoding`]: the versioned durable encoding of commands and group state.
 
 pub mod bytelog;
 pub mod cold;
 pub mod command;
 pub mod content_type;
+pub mod encoding;
 pub mod error;
 pub mod group;
 pub mod ids;
@@ -34,6 +36,7 @@ pub mod snapshot;
 pub mod stream;
 
 pub use command::{Command, Op, Reply, Response};
+pub use encoding::Schema;
 pub use error::{ErrorCode, Rejection};
 pub use group::GroupState;
 pub use ids::{Incarnation, StreamKey};

@@ -4,7 +4,7 @@
 
 use openraft::EntryPayload;
 use serde::{Deserialize, Serialize};
-use ursula_core::{Command, GroupState};
+use ursula_core::{Command, GroupState, Schema};
 
 use crate::types::{Batch, Entry, LogId, StoredMembership, Vote};
 
@@ -17,12 +17,22 @@ pub const KIND_TRUNCATE: u8 = 3;
 /// WAL record kind: entries up to (inclusive) the given log id were purged.
 pub const KIND_PURGE: u8 = 4;
 
+// Entry payload tags. Persisted: must stay stable.
 const PAYLOAD_BLANK: u8 = 0;
 const PAYLOAD_NORMAL: u8 = 1;
 const PAYLOAD_MEMBERSHIP: u8 = 2;
 
-/// Version of the snapshot payload layout ([`SnapshotHeader`] + group state).
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// First byte of an entry payload that names its version: `VERSIONED | version`. A v1 entry
+/// (written before versioning) starts with its payload tag instead, which is below 0x80.
+const VERSIONED: u8 = 0x80;
+
+/// The entry layout this build writes (`VERSIONED | 2`); its commands are in
+/// [`Schema::CURRENT`].
+pub const ENTRY_FORMAT: u8 = 2;
+
+/// Version of the snapshot payload layout ([`SnapshotHeader`] + group state) this build
+/// writes. Format `n` holds the group state in schema `n`; formats 1 and 2 are readable.
+pub const SNAPSHOT_FORMAT: u32 = Schema::CURRENT as u32;
 
 fn bincode_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) -> Result<(), String> {
     bincode::serialize_into(buf, value).map_err(|e| e.to_string())
@@ -48,9 +58,10 @@ fn take_u32(rd: &mut &[u8]) -> Result<u32, String> {
     Ok(u32::from_le_bytes(a))
 }
 
-/// Encodes an entry record payload: `tag u8 | bincode(LogId) | body`.
+/// Encodes an entry record payload: `0x80|ENTRY_FORMAT u8 | tag u8 | bincode(LogId) | body`.
 pub fn encode_entry(entry: &Entry) -> Result<Vec<u8>, String> {
     let mut buf = Vec::with_capacity(64);
+    buf.push(VERSIONED | ENTRY_FORMAT);
     match &entry.payload {
         EntryPayload::Blank => {
             buf.push(PAYLOAD_BLANK);
@@ -80,10 +91,18 @@ pub fn encode_entry(entry: &Entry) -> Result<Vec<u8>, String> {
     Ok(buf)
 }
 
-/// Decodes what [`encode_entry`] produced.
+/// Decodes what [`encode_entry`] produced, or a v1 entry (no version byte; schema 1 commands).
 pub fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
     let mut rd = bytes;
-    let tag = take(&mut rd, 1)?[0];
+    let first = take(&mut rd, 1)?[0];
+    let (schema, tag) = if first & VERSIONED == 0 {
+        (Schema::V1, first)
+    } else {
+        match first & !VERSIONED {
+            2 => (Schema::V2, take(&mut rd, 1)?[0]),
+            v => return Err(format!("unknown entry format {v} (this build reads 1..=2)")),
+        }
+    };
     let log_id: LogId = bincode_from(&mut rd)?;
     let payload = match tag {
         PAYLOAD_BLANK => EntryPayload::Blank,
@@ -99,7 +118,7 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
             let mut cmds = Vec::with_capacity(count);
             for _ in 0..count {
                 let len = take_u32(&mut rd)? as usize;
-                cmds.push(Command::decode(take(&mut rd, len)?)?);
+                cmds.push(Command::decode(schema, take(&mut rd, len)?)?);
             }
             EntryPayload::Normal(Batch(cmds))
         }
@@ -140,8 +159,10 @@ pub struct SnapshotHeader {
     pub snapshot_id: String,
 }
 
-/// Snapshot payload: `bincode(SnapshotHeader) | GroupState::encode()`.
+/// Snapshot payload: `bincode(SnapshotHeader) | group state`; `state` must be encoded in the
+/// schema `header.format` names.
 pub fn encode_snapshot(header: &SnapshotHeader, state: &[u8]) -> Result<Vec<u8>, String> {
+    Schema::from_number(header.format)?;
     let mut buf = Vec::with_capacity(state.len() + 256);
     bincode_into(&mut buf, header)?;
     buf.extend_from_slice(state);
@@ -151,140 +172,50 @@ pub fn encode_snapshot(header: &SnapshotHeader, state: &[u8]) -> Result<Vec<u8>,
 /// The snapshot payload of `state`, encoded straight into one exactly sized buffer: the same
 /// bytes as `encode_snapshot(header, &state.encode()?)` without the intermediate copy.
 pub fn encode_snapshot_of(header: &SnapshotHeader, state: &GroupState) -> Result<Vec<u8>, String> {
-    let size = bincode::serialized_size(header)
-        .and_then(|h| Ok(h + bincode::serialized_size(state)?))
-        .map_err(|e| e.to_string())?;
-    let mut buf = Vec::with_capacity(usize::try_from(size).map_err(|e| e.to_string())?);
+    if header.format != SNAPSHOT_FORMAT {
+        return Err(format!("snapshots are written in format {SNAPSHOT_FORMAT}"));
+    }
+    let head = bincode::serialized_size(header).map_err(|e| e.to_string())?;
+    let head = usize::try_from(head).map_err(|e| e.to_string())?;
+    let mut buf = Vec::with_capacity(head + state.encoded_len()?);
     bincode_into(&mut buf, header)?;
-    bincode_into(&mut buf, state)?;
+    state.encode_into(&mut buf)?;
     Ok(buf)
 }
 
-/// Splits a snapshot payload into its header and the encoded group state.
-pub fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotHeader, &[u8]), String> {
+/// A snapshot payload split into its parts, the group state still encoded.
+#[derive(Debug)]
+pub struct SnapshotParts<'a> {
+    pub header: SnapshotHeader,
+    /// The schema of `state` (from `header.format`).
+    pub schema: Schema,
+    pub state: &'a [u8],
+}
+
+impl SnapshotParts<'_> {
+    pub fn decode_state(&self) -> Result<GroupState, String> {
+        GroupState::decode(self.schema, self.state)
+    }
+}
+
+/// Splits a snapshot payload into its header and the encoded group state. The header layout is
+/// the same in every format so far; its first field, `format u32`, is read first so that a
+/// future format may change the rest.
+pub fn decode_snapshot(bytes: &[u8]) -> Result<SnapshotParts<'_>, String> {
+    let mut peek = bytes;
+    let format = take_u32(&mut peek)?;
+    let schema = Schema::from_number(format)
+        .map_err(|_| format!("unsupported snapshot format {format} (this build reads 1..=2)"))?;
     let mut rd = bytes;
     let header: SnapshotHeader = bincode_from(&mut rd)?;
-    if header.format != SNAPSHOT_FORMAT {
-        return Err(format!(
-            "unsupported snapshot format {} (this build reads {SNAPSHOT_FORMAT})",
-            header.format
-        ));
-    }
-    Ok((header, rd))
+    Ok(SnapshotParts {
+        header,
+        schema,
+        state: rd,
+    })
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, reason = "tests")]
-mod tests {
-    use super::*;
-    use openraft::{BasicNode, CommittedLeaderId};
-    use std::collections::{BTreeMap, BTreeSet};
-    use ursula_core::Op;
-
-    fn lid(term: u64, index: u64) -> LogId {
-        LogId::new(CommittedLeaderId::new(term, 1), index)
-    }
-
-    #[test]
-    fn snapshot_of_a_state_is_the_same_bytes_as_encoding_it_first() {
-        use ursula_core::command::CreateReq;
-        let mut state = GroupState::new(2);
-        // Several chunks of stream bytes, so the multi-chunk encoding is covered.
-        let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        let create = Op::Create(Box::new(CreateReq {
-            content_type: Some("application/octet-stream".into()),
-            payload: bytes::Bytes::from(payload),
-            ..CreateReq::new(ursula_core::StreamKey::new("demo", "s"))
-        }));
-        let reply = state.apply(
-            1,
-            &Command {
-                now_ms: 7,
-                op: create,
-            },
-        );
-        assert!(reply.is_ok(), "{reply:?}");
-        let header = SnapshotHeader {
-            format: SNAPSHOT_FORMAT,
-            group: 2,
-            last_applied: Some(lid(1, 1)),
-            membership: StoredMembership::default(),
-            applied_commands: 1,
-            snapshot_id: "g2-1-1-x".into(),
-        };
-        let direct = encode_snapshot_of(&header, &state).unwrap();
-        assert_eq!(
-            direct,
-            encode_snapshot(&header, &state.encode().unwrap()).unwrap()
-        );
-        assert_eq!(direct.len(), direct.capacity(), "sized exactly");
-        let (back, rest) = decode_snapshot(&direct).unwrap();
-        assert_eq!(back.snapshot_id, "g2-1-1-x");
-        let decoded = GroupState::decode(rest).unwrap();
-        assert_eq!(decoded.encode().unwrap(), state.encode().unwrap());
-    }
-
-    #[test]
-    fn entry_round_trip() {
-        let cmds = vec![
-            Command {
-                now_ms: 5,
-                op: Op::Noop,
-            },
-            Command {
-                now_ms: 6,
-                op: Op::CreateBucket {
-                    bucket: "abcd".into(),
-                },
-            },
-        ];
-        let normal = Entry {
-            log_id: lid(3, 17),
-            payload: EntryPayload::Normal(Batch(cmds)),
-        };
-        let back = decode_entry(&encode_entry(&normal).unwrap()).unwrap();
-        assert_eq!(back.log_id, lid(3, 17));
-        let EntryPayload::Normal(b) = back.payload else {
-            panic!("not normal")
-        };
-        assert_eq!(b.0.len(), 2);
-        assert_eq!(b.0[1].now_ms, 6);
-
-        let blank = Entry {
-            log_id: lid(1, 2),
-            payload: EntryPayload::Blank,
-        };
-        let back = decode_entry(&encode_entry(&blank).unwrap()).unwrap();
-        assert!(matches!(back.payload, EntryPayload::Blank));
-
-        let m = crate::types::Membership::new(
-            vec![BTreeSet::from([1u64])],
-            BTreeMap::from([(1u64, BasicNode::new("a"))]),
-        );
-        let mem = Entry {
-            log_id: lid(0, 0),
-            payload: EntryPayload::Membership(m.clone()),
-        };
-        let back = decode_entry(&encode_entry(&mem).unwrap()).unwrap();
-        let EntryPayload::Membership(back_m) = back.payload else {
-            panic!("not membership")
-        };
-        assert_eq!(back_m, m);
-
-        let enc = encode_entry(&normal).unwrap();
-        for cut in 0..enc.len() {
-            assert!(decode_entry(&enc[..cut]).is_err(), "cut {cut}");
-        }
-    }
-
-    #[test]
-    fn vote_and_log_id_round_trip() {
-        let mut v = Vote::new(4, 9);
-        v.commit();
-        assert_eq!(decode_vote(&encode_vote(&v).unwrap()).unwrap(), v);
-        assert_eq!(
-            decode_log_id(&encode_log_id(&lid(2, 3)).unwrap()).unwrap(),
-            lid(2, 3)
-        );
-    }
-}
+#[path = "codec_tests.rs"]
+mod tests;

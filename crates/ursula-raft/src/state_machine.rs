@@ -93,7 +93,7 @@ impl SnapshotStore {
         else {
             return Ok(None);
         };
-        let (header, _) = codec::decode_snapshot(&payload)?;
+        let header = codec::decode_snapshot(&payload)?.header;
         Ok(Some((header, payload)))
     }
 }
@@ -118,7 +118,9 @@ pub(crate) fn load_snapshot(group: u32, path: &std::path::Path) -> Result<Loaded
             file: None,
         });
     };
-    let (header, state) = codec::decode_snapshot(&payload)?;
+    let parts = codec::decode_snapshot(&payload)?;
+    let state = parts.decode_state()?;
+    let header = parts.header;
     if header.group != group {
         return Err(format!(
             "{} holds group {}, expected group {group}",
@@ -126,7 +128,6 @@ pub(crate) fn load_snapshot(group: u32, path: &std::path::Path) -> Result<Loaded
             header.group
         ));
     }
-    let state = GroupState::decode(state)?;
     Ok(Loaded {
         state,
         last_applied: header.last_applied,
@@ -302,15 +303,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let payload = snapshot.into_inner();
-        let (header, state_bytes) =
-            codec::decode_snapshot(&payload).map_err(|e| snapshot_error(Some(meta), e))?;
-        let state = GroupState::decode(state_bytes).map_err(|e| snapshot_error(Some(meta), e))?;
+        let parts = codec::decode_snapshot(&payload).map_err(|e| snapshot_error(Some(meta), e))?;
+        let state = parts
+            .decode_state()
+            .map_err(|e| snapshot_error(Some(meta), e))?;
+        let state_bytes = parts.state;
         let header = SnapshotHeader {
-            format: SNAPSHOT_FORMAT,
+            // The state bytes are kept as they came, so the format they were written in is.
+            format: parts.header.format,
             group: self.group,
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
-            applied_commands: header.applied_commands,
+            applied_commands: parts.header.applied_commands,
             snapshot_id: meta.snapshot_id.clone(),
         };
         let file = codec::encode_snapshot(&header, state_bytes)

@@ -102,6 +102,11 @@ impl Server {
         Self::spawn(dir, &[])
     }
 
+    /// [`Server::start_in`] with extra command-line flags.
+    pub fn start_in_with_args(dir: &Path, args: &[&str]) -> Server {
+        Self::spawn(dir, args)
+    }
+
     fn spawn(dir: &Path, args: &[&str]) -> Server {
         let mut s = Server {
             child: None,
