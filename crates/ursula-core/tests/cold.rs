@@ -384,7 +384,7 @@ proptest! {
                 Step::Snapshot => {
                     // A replica restarting from a snapshot sees the same state.
                     let bytes = w.g.encode().unwrap();
-                    w.g = GroupState::decode(&bytes).unwrap();
+                    w.g = GroupState::decode(ursula_core::Schema::CURRENT, &bytes).unwrap();
                 }
             }
             w.check();

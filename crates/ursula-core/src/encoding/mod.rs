@@ -9,7 +9,10 @@
 //!
 //! - [`Schema::V1`]: data written by that release (entries without a version byte, snapshot
 //!   format 1). Frozen: `tests/encoding_golden.rs` pins its bytes for every variant.
-//! - [`Schema::V2`]: what this build writes; the same field layout as V1 today.
+//! - [`Schema::V2`]: what this build writes: V1 plus the cold tier's references (a stream's
+//!   chunk references, a group's object bookkeeping) and the cold commands. Commands of V1
+//!   decode as V2 (the new variants come last); group states of V1 decode through the frozen
+//!   types of [`v1`].
 //!
 //! # Adding a field or a variant
 //!
@@ -18,6 +21,8 @@
 //! (decode-only, with `From` conversions into the live types), add `Schema::V3` and make it
 //! [`Schema::CURRENT`], then change the live types. The golden test fails on any change to the
 //! bytes of an existing schema, which is the reminder. docs/storage.md has the full rule.
+
+mod v1;
 
 use crate::command::Command;
 use crate::group::GroupState;
@@ -93,7 +98,7 @@ impl Command {
     /// Decodes one command, exactly `bytes`, written in `schema`.
     pub fn decode(schema: Schema, bytes: &[u8]) -> Result<Self, String> {
         match schema {
-            // V1 and V2 share one layout (see the module docs for when they part).
+            // V2 only added variants after V1's, so V1 commands decode as V2.
             Schema::V1 | Schema::V2 => decode(bytes),
         }
     }
@@ -125,7 +130,8 @@ impl GroupState {
     /// Decodes a group state, exactly `bytes`, written in `schema`.
     pub fn decode(schema: Schema, bytes: &[u8]) -> Result<Self, String> {
         match schema {
-            Schema::V1 | Schema::V2 => decode(bytes),
+            Schema::V1 => decode::<v1::GroupStateV1>(bytes).map(GroupState::from),
+            Schema::V2 => decode(bytes),
         }
     }
 }

@@ -1,0 +1,102 @@
+//! Schema 1, frozen: the layout of the persisted group state as the release before
+//! versioning (commit 2914ec9) wrote it. Decode-only; every type converts into the live one.
+//!
+//! Only the types whose layout changed since are copied here; the others (producers,
+//! snapshots, pins, fork links, lifetimes) still have the schema-1 layout in their live form.
+//! Never edit these types: data directories hold their bytes.
+
+use crate::bytelog::ByteLog;
+use crate::command::Lifetime;
+use crate::group::{GroupState, OutboxItem};
+use crate::ids::{Incarnation, StreamKey};
+use crate::producer::ProducerState;
+use crate::snapshot::Snapshot;
+use crate::stream::{ForkLink, Pin, StreamState};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// A stream as schema 1 stored it: no cold chunk references (everything was hot).
+#[derive(Deserialize)]
+pub(super) struct StreamStateV1 {
+    incarnation: Incarnation,
+    content_type: String,
+    json: bool,
+    closed: bool,
+    lifetime: Lifetime,
+    lifetime_inherited: bool,
+    created_at_ms: u64,
+    last_write_ms: u64,
+    last_touch_ms: u64,
+    stream_seq: Option<String>,
+    producers: BTreeMap<String, ProducerState>,
+    fork: Option<ForkLink>,
+    depth: u32,
+    pins: BTreeMap<u64, Pin>,
+    soft_deleted: bool,
+    own_start: u64,
+    data_start: u64,
+    data: ByteLog,
+    tail: u64,
+    ends: Vec<u64>,
+    ends_cut: u64,
+    cut_offset: u64,
+    retained: u64,
+    snapshot: Option<Snapshot>,
+}
+
+impl From<StreamStateV1> for StreamState {
+    fn from(s: StreamStateV1) -> Self {
+        StreamState {
+            incarnation: s.incarnation,
+            content_type: s.content_type,
+            json: s.json,
+            closed: s.closed,
+            lifetime: s.lifetime,
+            lifetime_inherited: s.lifetime_inherited,
+            created_at_ms: s.created_at_ms,
+            last_write_ms: s.last_write_ms,
+            last_touch_ms: s.last_touch_ms,
+            stream_seq: s.stream_seq,
+            producers: s.producers,
+            fork: s.fork,
+            depth: s.depth,
+            pins: s.pins,
+            soft_deleted: s.soft_deleted,
+            own_start: s.own_start,
+            data_start: s.data_start,
+            data: s.data,
+            tail: s.tail,
+            ends: s.ends,
+            ends_cut: s.ends_cut,
+            cut_offset: s.cut_offset,
+            retained: s.retained,
+            snapshot: s.snapshot,
+            cold: Default::default(),
+        }
+    }
+}
+
+/// A group as schema 1 stored it: no cold-tier bookkeeping.
+#[derive(Deserialize)]
+pub(super) struct GroupStateV1 {
+    group: u32,
+    streams: HashMap<StreamKey, StreamStateV1>,
+    buckets: BTreeSet<String>,
+    fenced: BTreeSet<String>,
+    outbox: BTreeMap<u64, OutboxItem>,
+    next_outbox_id: u64,
+}
+
+impl From<GroupStateV1> for GroupState {
+    fn from(g: GroupStateV1) -> Self {
+        GroupState {
+            group: g.group,
+            streams: g.streams.into_iter().map(|(k, s)| (k, s.into())).collect(),
+            buckets: g.buckets,
+            fenced: g.fenced,
+            outbox: g.outbox,
+            next_outbox_id: g.next_outbox_id,
+            cold: Default::default(),
+        }
+    }
+}
