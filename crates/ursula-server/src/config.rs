@@ -40,6 +40,16 @@ pub struct Config {
     pub public_url: Option<String>,
     /// fsync the log (never disable outside tests). Default: true.
     pub fsync: bool,
+    /// `[storage]`: the cold tier (`[storage.cold]`, docs/configuration.md).
+    pub storage: StorageConfig,
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `[storage.cold]`. Default: the `local` backend in `{data_dir}/cold` (a node without peers).
+    pub cold: ursula_storage::cold::ColdConfig,
 }
 
 impl Default for Config {
@@ -60,6 +70,7 @@ impl Default for Config {
             cors_allowed_origins: vec!["*".to_owned()],
             public_url: None,
             fsync: true,
+            storage: StorageConfig::default(),
         }
     }
 }
@@ -94,6 +105,8 @@ impl Config {
             self.snapshot_logs >= 100,
             "snapshot_logs must be at least 100"
         );
+        // A node has no peers yet, so `local` is the default cold backend (OQ-107).
+        self.storage.cold.validate(false)?;
         Ok(())
     }
 }
@@ -110,6 +123,14 @@ mod tests {
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.long_poll_timeout_ms, 1000);
         assert!(toml::from_str::<Config>("bogus = 1").is_err());
+        let cold: Config =
+            toml::from_str("[storage.cold]\nbackend = \"mem\"\n").expect("parse cold");
+        assert_eq!(
+            cold.storage.cold.backend,
+            Some(ursula_storage::cold::Backend::Memory)
+        );
+        let s3: Config = toml::from_str("[storage.cold]\nbackend = \"s3\"\n").expect("parse s3");
+        assert!(s3.validate().is_err(), "s3 without a bucket");
         assert!(
             Config {
                 group_count: 0,

@@ -6,6 +6,8 @@
 //!   writer thread drains every queued append, writes the whole batch with one `write`, calls
 //!   `fdatasync` once, then completes every append in the batch.
 //! * [`snapshot_file`]: atomic, checksummed single-blob files for state-machine snapshots.
+//! * [`cold`]: the cold tier's object store ([`cold::ColdStore`] over `object_store`: local
+//!   directory, S3, memory), its configuration, object framing, fault twin and conformance suite.
 //!
 //! ## WAL on-disk format (version 1)
 //!
@@ -73,6 +75,7 @@
 //!
 //! Written to `<path>.tmp`, fsynced, renamed over `<path>`, then the directory is fsynced.
 
+pub mod cold;
 mod format;
 pub mod snapshot_file;
 pub mod wal;

@@ -1,0 +1,385 @@
+//! `[storage.cold]` configuration (cluster.md §7.5) and the construction of the store it names.
+
+use super::{ColdError, ColdStore, ObjectColdStore};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which object store holds the cold tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Objects in a local directory (`storage.cold.local.path`).
+    Local,
+    /// An S3-compatible object store.
+    S3,
+    /// Process memory; lost on exit (tests).
+    Memory,
+    /// No cold tier.
+    None,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Local => "local",
+            Backend::S3 => "s3",
+            Backend::Memory => "memory",
+            Backend::None => "none",
+        }
+    }
+}
+
+impl FromStr for Backend {
+    type Err = String;
+
+    /// The names of cluster.md §7.5 with their aliases, in any case.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "local" => Ok(Backend::Local),
+            "s3" => Ok(Backend::S3),
+            "memory" | "mem" | "inmem" => Ok(Backend::Memory),
+            "none" | "disabled" | "off" => Ok(Backend::None),
+            other => Err(format!(
+                "unknown cold backend {other:?} (expected local, s3, memory or none)"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Backend {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// `[storage.cold]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ColdConfig {
+    /// Backend. Default: `local` on a node without peers (OQ-107); required with peers.
+    pub backend: Option<Backend>,
+    /// Key prefix of every object (date-stamp it for test runs). Default: none.
+    pub root: Option<String>,
+    pub local: LocalConfig,
+    pub s3: S3Config,
+}
+
+/// `[storage.cold.local]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalConfig {
+    /// Directory of the objects. Default: `{data_dir}/cold`.
+    pub path: Option<PathBuf>,
+    /// Whether every node shares the path (required for `local` with peers). Default: false.
+    pub shared: bool,
+}
+
+/// `[storage.cold.s3]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct S3Config {
+    /// Bucket. Required for `s3`.
+    pub bucket: Option<String>,
+    /// Region. Default: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// Endpoint of an S3-compatible store, e.g. `http://127.0.0.1:9000`. Default: AWS.
+    pub endpoint: Option<String>,
+    /// Path-style requests (`{endpoint}/{bucket}/{key}`) rather than virtual-hosted ones
+    /// (`{bucket}.{endpoint}/{key}`). Default: true.
+    pub path_style: bool,
+    /// Static credentials; absent = the standard chain (`AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, web identity, container and instance
+    /// credentials). Default: unset.
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub session_token: Option<String>,
+    /// Per-operation timeout. Default: `10s`.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    /// Retries per operation. Default: 3.
+    pub max_retries: usize,
+    /// Health-probe timeout. Default: `2s`.
+    #[serde(deserialize_with = "duration")]
+    pub probe_timeout: Duration,
+}
+
+impl Default for S3Config {
+    fn default() -> Self {
+        S3Config {
+            bucket: None,
+            region: None,
+            endpoint: None,
+            path_style: true,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            timeout: Duration::from_secs(10),
+            max_retries: 3,
+            probe_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Parses `250ms`, `10s`, `5m`, `1h`, `1d` (or a bare number of seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let ms = match unit.trim() {
+        "ms" => Some(n),
+        "" | "s" => n.checked_mul(1_000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        "d" => n.checked_mul(86_400_000),
+        _ => return Err(format!("invalid duration unit in {s:?} (ms, s, m, h, d)")),
+    };
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("duration {s:?} is too large"))
+}
+
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// Why the cold store could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ColdConfigError {
+    #[error(
+        "storage.cold.backend is required on a node with peers (s3, or local with a shared path)"
+    )]
+    BackendRequired,
+    #[error("storage.cold.backend = \"s3\" needs storage.cold.s3.bucket (or --cold-s3-bucket)")]
+    MissingBucket,
+    #[error(
+        "storage.cold.backend = \"local\" with peers needs a path every node shares (storage.cold.local.shared = true)"
+    )]
+    LocalNotShared,
+    #[error(
+        "storage.cold.backend = \"memory\" cannot be used with peers: other nodes cannot read it"
+    )]
+    MemoryWithPeers,
+    #[error("storage.cold.s3.access_key_id and secret_access_key must be given together")]
+    PartialCredentials,
+    #[error("invalid storage.cold.root: {0}")]
+    InvalidRoot(ColdError),
+    #[error("cannot create the cold directory {path}: {source}")]
+    LocalDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the {backend} cold store: {source}")]
+    Build {
+        backend: &'static str,
+        #[source]
+        source: object_store::Error,
+    },
+}
+
+impl ColdConfig {
+    /// The backend in force: the configured one, else `local` without peers.
+    pub fn backend(&self, has_peers: bool) -> Result<Backend, ColdConfigError> {
+        let backend = match (self.backend, has_peers) {
+            (Some(b), _) => b,
+            (None, false) => Backend::Local,
+            (None, true) => return Err(ColdConfigError::BackendRequired),
+        };
+        match backend {
+            Backend::Local if has_peers && !self.local.shared => {
+                Err(ColdConfigError::LocalNotShared)
+            }
+            Backend::Memory if has_peers => Err(ColdConfigError::MemoryWithPeers),
+            Backend::S3
+                if self
+                    .s3
+                    .bucket
+                    .as_deref()
+                    .is_none_or(|b| b.trim().is_empty()) =>
+            {
+                Err(ColdConfigError::MissingBucket)
+            }
+            Backend::S3
+                if self.s3.access_key_id.is_some() != self.s3.secret_access_key.is_some() =>
+            {
+                Err(ColdConfigError::PartialCredentials)
+            }
+            b => Ok(b),
+        }
+    }
+
+    /// Where the `local` backend keeps its objects.
+    pub fn local_path(&self, data_dir: &Path) -> PathBuf {
+        self.local
+            .path
+            .clone()
+            .unwrap_or_else(|| data_dir.join("cold"))
+    }
+
+    /// Checks the combination without touching disk or network.
+    pub fn validate(&self, has_peers: bool) -> Result<(), ColdConfigError> {
+        self.backend(has_peers)?;
+        ObjectColdStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            self.root.as_deref(),
+            "check",
+        )
+        .map_err(ColdConfigError::InvalidRoot)?;
+        Ok(())
+    }
+
+    /// Builds the store (creating the local directory); `None` for `none`.
+    pub fn open(
+        &self,
+        data_dir: &Path,
+        has_peers: bool,
+    ) -> Result<Option<Arc<dyn ColdStore>>, ColdConfigError> {
+        let backend = self.backend(has_peers)?;
+        let store: Arc<dyn object_store::ObjectStore> = match backend {
+            Backend::None => return Ok(None),
+            Backend::Memory => Arc::new(object_store::memory::InMemory::new()),
+            Backend::Local => {
+                let path = self.local_path(data_dir);
+                std::fs::create_dir_all(&path).map_err(|source| ColdConfigError::LocalDir {
+                    path: path.clone(),
+                    source,
+                })?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&path).map_err(
+                    |source| ColdConfigError::Build {
+                        backend: "local",
+                        source,
+                    },
+                )?;
+                Arc::new(fs)
+            }
+            Backend::S3 => Arc::new(self.s3.build().map_err(|source| ColdConfigError::Build {
+                backend: "s3",
+                source,
+            })?),
+        };
+        let store = ObjectColdStore::new(store, self.root.as_deref(), backend.name())
+            .map_err(ColdConfigError::InvalidRoot)?;
+        Ok(Some(Arc::new(store)))
+    }
+}
+
+impl S3Config {
+    fn build(&self) -> Result<object_store::aws::AmazonS3, object_store::Error> {
+        use object_store::aws::AmazonS3Builder;
+        // The standard chain: AWS_* variables first, then what this file sets.
+        let mut b = AmazonS3Builder::from_env()
+            .with_bucket_name(self.bucket.clone().unwrap_or_default())
+            .with_virtual_hosted_style_request(!self.path_style)
+            .with_retry(object_store::RetryConfig {
+                max_retries: self.max_retries,
+                retry_timeout: self.timeout.saturating_mul(self.max_retries as u32 + 1),
+                ..Default::default()
+            })
+            .with_client_options(object_store::ClientOptions::new().with_timeout(self.timeout));
+        let region = self
+            .region
+            .clone()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .unwrap_or_else(|| "us-east-1".to_owned());
+        b = b.with_region(region);
+        if let Some(ep) = &self.endpoint {
+            b = b
+                .with_endpoint(ep.trim_end_matches('/'))
+                .with_allow_http(ep.starts_with("http://"));
+        }
+        if let (Some(id), Some(secret)) = (&self.access_key_id, &self.secret_access_key) {
+            b = b.with_access_key_id(id).with_secret_access_key(secret);
+            if let Some(token) = &self.session_token {
+                b = b.with_token(token);
+            }
+        }
+        b.build()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_and_aliases() {
+        for (s, b) in [
+            ("local", Backend::Local),
+            ("S3", Backend::S3),
+            ("memory", Backend::Memory),
+            ("mem", Backend::Memory),
+            ("inmem", Backend::Memory),
+            ("none", Backend::None),
+            ("disabled", Backend::None),
+            ("off", Backend::None),
+        ] {
+            assert_eq!(s.parse::<Backend>().unwrap(), b, "{s}");
+        }
+        assert!("gcs".parse::<Backend>().is_err());
+    }
+
+    #[test]
+    fn defaults_and_invalid_combinations() {
+        let c = ColdConfig::default();
+        assert_eq!(c.backend(false).unwrap(), Backend::Local);
+        assert!(matches!(
+            c.backend(true),
+            Err(ColdConfigError::BackendRequired)
+        ));
+        assert_eq!(c.local_path(Path::new("/d")), PathBuf::from("/d/cold"));
+        let s3 = ColdConfig {
+            backend: Some(Backend::S3),
+            ..Default::default()
+        };
+        assert!(matches!(
+            s3.backend(false),
+            Err(ColdConfigError::MissingBucket)
+        ));
+        let mem = ColdConfig {
+            backend: Some(Backend::Memory),
+            ..Default::default()
+        };
+        assert!(matches!(
+            mem.backend(true),
+            Err(ColdConfigError::MemoryWithPeers)
+        ));
+        let local = ColdConfig {
+            backend: Some(Backend::Local),
+            ..Default::default()
+        };
+        assert!(matches!(
+            local.backend(true),
+            Err(ColdConfigError::LocalNotShared)
+        ));
+        let bad_root = ColdConfig {
+            root: Some("a/../b".into()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            bad_root.validate(false),
+            Err(ColdConfigError::InvalidRoot(_))
+        ));
+    }
+
+    #[test]
+    fn toml_keys() {
+        let c: ColdConfig = toml::from_str(
+            "backend = \"s3\"\nroot = \"run-1\"\n[s3]\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:1\"\ntimeout = \"500ms\"\n[local]\nshared = true\n",
+        )
+        .unwrap();
+        assert_eq!(c.backend(false).unwrap(), Backend::S3);
+        assert_eq!(c.s3.timeout, Duration::from_millis(500));
+        assert!(c.local.shared);
+        assert!(toml::from_str::<ColdConfig>("backend = \"tape\"").is_err());
+        assert!(toml::from_str::<ColdConfig>("bogus = 1").is_err());
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86_400));
+        assert!(parse_duration("5 weeks").is_err());
+        assert!(parse_duration("").is_err());
+    }
+}

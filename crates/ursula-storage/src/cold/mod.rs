@@ -1,0 +1,31 @@
+//! The cold tier's object store: a narrow [`ColdStore`] trait over the `object_store` crate.
+//!
+//! - [`store`]: the trait and [`ObjectColdStore`], its implementation over `LocalFileSystem`
+//!   (`local`), `AmazonS3` (`s3`, any S3-compatible endpoint) and `InMemory` (`memory`).
+//! - [`config`]: `[storage.cold]` (cluster.md §7.5), the backend choice and construction.
+//! - [`key`]: validated object keys.
+//! - [`error`]: [`ColdError`], the conditions callers branch on.
+//! - [`object`]: the frame (magic, version, length, checksum) every object format uses.
+//! - [`faulty`]: [`FaultyColdStore`], the fault-injecting twin for tests.
+//! - [`testing`]: the conformance suite every backend runs.
+//!
+//! Objects are immutable: they are only created with a conditional create
+//! ([`ColdStore::put_if_absent`], `PutMode::Create`, `If-None-Match: *` on S3) and deleted.
+
+pub mod config;
+pub mod error;
+pub mod faulty;
+pub mod key;
+pub mod object;
+pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{Backend, ColdConfig, ColdConfigError};
+pub use error::{ColdError, InjectedFault};
+pub use faulty::{Faults, FaultyColdStore};
+pub use key::ObjectKey;
+pub use store::{ColdStore, ObjectColdStore, ObjectInfo};
