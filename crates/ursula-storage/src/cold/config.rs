@@ -55,6 +55,31 @@ impl<'de> Deserialize<'de> for Backend {
     }
 }
 
+/// Server-side encryption of the `s3` backend's objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Encryption {
+    /// SSE-S3 (`AES256`).
+    #[default]
+    Aes256,
+    /// SSE-KMS (`aws:kms`), with `kms_key_id` when set.
+    AwsKms,
+    /// No encryption header (S3-compatible stores without KMS).
+    None,
+}
+
+impl<'de> Deserialize<'de> for Encryption {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match String::deserialize(d)?.trim().to_ascii_lowercase().as_str() {
+            "aes256" => Ok(Encryption::Aes256),
+            "aws-kms" => Ok(Encryption::AwsKms),
+            "none" => Ok(Encryption::None),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown server_side_encryption {other:?} (expected aes256, aws-kms or none)"
+            ))),
+        }
+    }
+}
+
 /// `[storage.cold]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -96,6 +121,10 @@ pub struct S3Config {
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
     pub session_token: Option<String>,
+    /// Server-side encryption: `aes256`, `aws-kms` or `none`. Default: `aes256`.
+    pub server_side_encryption: Encryption,
+    /// Customer managed KMS key (only with `aws-kms`). Default: unset.
+    pub kms_key_id: Option<String>,
     /// Per-operation timeout. Default: `10s`.
     #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
@@ -116,6 +145,8 @@ impl Default for S3Config {
             access_key_id: None,
             secret_access_key: None,
             session_token: None,
+            server_side_encryption: Encryption::Aes256,
+            kms_key_id: None,
             timeout: Duration::from_secs(10),
             max_retries: 3,
             probe_timeout: Duration::from_secs(2),
@@ -165,6 +196,8 @@ pub enum ColdConfigError {
     MemoryWithPeers,
     #[error("storage.cold.s3.access_key_id and secret_access_key must be given together")]
     PartialCredentials,
+    #[error("storage.cold.s3.kms_key_id needs server_side_encryption = \"aws-kms\"")]
+    KmsKeyWithoutKms,
     #[error("invalid storage.cold.root: {0}")]
     InvalidRoot(ColdError),
     #[error("cannot create the cold directory {path}: {source}")]
@@ -207,6 +240,12 @@ impl ColdConfig {
                 if self.s3.access_key_id.is_some() != self.s3.secret_access_key.is_some() =>
             {
                 Err(ColdConfigError::PartialCredentials)
+            }
+            Backend::S3
+                if self.s3.kms_key_id.is_some()
+                    && self.s3.server_side_encryption != Encryption::AwsKms =>
+            {
+                Err(ColdConfigError::KmsKeyWithoutKms)
             }
             b => Ok(b),
         }
@@ -269,7 +308,9 @@ impl ColdConfig {
 
 impl S3Config {
     fn build(&self) -> Result<object_store::aws::AmazonS3, object_store::Error> {
-        use object_store::aws::AmazonS3Builder;
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+        // The key type of this setting is not exported; its name parses to it.
+        let sse: AmazonS3ConfigKey = "aws_server_side_encryption".parse()?;
         // The standard chain: AWS_* variables first, then what this file sets.
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(self.bucket.clone().unwrap_or_default())
@@ -291,6 +332,16 @@ impl S3Config {
             b = b
                 .with_endpoint(ep.trim_end_matches('/'))
                 .with_allow_http(ep.starts_with("http://"));
+        }
+        match (self.server_side_encryption, &self.kms_key_id) {
+            (Encryption::Aes256, _) => {
+                b = b.with_config(sse, "AES256");
+            }
+            (Encryption::AwsKms, Some(key)) => b = b.with_sse_kms_encryption(key),
+            (Encryption::AwsKms, None) => {
+                b = b.with_config(sse, "aws:kms");
+            }
+            (Encryption::None, _) => {}
         }
         if let (Some(id), Some(secret)) = (&self.access_key_id, &self.secret_access_key) {
             b = b.with_access_key_id(id).with_secret_access_key(secret);
@@ -376,6 +427,17 @@ mod tests {
         assert_eq!(c.backend(false).unwrap(), Backend::S3);
         assert_eq!(c.s3.timeout, Duration::from_millis(500));
         assert!(c.local.shared);
+        assert_eq!(c.s3.server_side_encryption, Encryption::Aes256);
+        let kms: ColdConfig = toml::from_str(
+            "backend = \"s3\"\n[s3]\nbucket = \"b\"\nserver_side_encryption = \"none\"\nkms_key_id = \"k\"\n",
+        )
+        .unwrap();
+        assert_eq!(kms.s3.server_side_encryption, Encryption::None);
+        assert!(matches!(
+            kms.backend(false),
+            Err(ColdConfigError::KmsKeyWithoutKms)
+        ));
+        assert!(toml::from_str::<ColdConfig>("[s3]\nserver_side_encryption = \"rot13\"").is_err());
         assert!(toml::from_str::<ColdConfig>("backend = \"tape\"").is_err());
         assert!(toml::from_str::<ColdConfig>("bogus = 1").is_err());
         assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86_400));
