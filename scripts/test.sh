@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit/property/integration tests (including the
-# crash and bad-input tests), the official conformance suite against a durable node, and a
+# crash and bad-input tests), the cold-store suite against a real S3-compatible server
+# (scripts/s3-suite.sh), the official conformance suite against a durable node, and a
 # smoke run of every benchmark scenario. CI runs exactly this (.ci/run).
 set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -19,6 +20,9 @@ cargo build --workspace --release --bins
 
 step "cargo test (unit, property, integration, crash, bad input)"
 cargo test --workspace --release -- --test-threads=2
+
+step "ColdStore suite against a real S3-compatible server (moto, started and stopped here)"
+"$ROOT/scripts/s3-suite.sh" --release
 
 step "conformance suite against a durable node"
 CONF_DIR=${URSULA_CONFORMANCE_DIR:-}

@@ -44,6 +44,31 @@ pub struct Config {
     pub allowed_hosts: Vec<String>,
     /// fsync the log (never disable outside tests). Default: true.
     pub fsync: bool,
+    /// `[storage]`: the cold tier (`[storage.cold]`, docs/configuration.md).
+    pub storage: StorageConfig,
+}
+
+/// `[storage]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `[storage.cold]`. Default: the `local` backend in `{data_dir}/cold` (a node without peers).
+    pub cold: ursula_storage::cold::ColdConfig,
+}
+
+impl Config {
+    /// The cold tier's flush, GC and admission settings (`[storage.cold]`).
+    pub fn tiering(&self) -> crate::tiering::TierConfig {
+        let c = &self.storage.cold;
+        crate::tiering::TierConfig {
+            flush_interval: c.flush_interval,
+            flush_min_hot_size: c.flush_min_hot_size(),
+            flush_max_size: c.flush_max_size(),
+            max_hot_size_per_group: c.max_hot_size_per_group,
+            gc_interval: c.gc_interval,
+            gc_max_entries: c.gc_max_entries,
+        }
+    }
 }
 
 impl Default for Config {
@@ -65,6 +90,7 @@ impl Default for Config {
             public_url: None,
             allowed_hosts: Vec::new(),
             fsync: true,
+            storage: StorageConfig::default(),
         }
     }
 }
@@ -111,6 +137,8 @@ impl Config {
                 "public_url must be http://host[:port][/path] or https://..., got {u:?}"
             );
         }
+        // A node has no peers yet, so `local` is the default cold backend (OQ-107).
+        self.storage.cold.validate(false)?;
         Ok(())
     }
 }
@@ -127,6 +155,14 @@ mod tests {
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.long_poll_timeout_ms, 1000);
         assert!(toml::from_str::<Config>("bogus = 1").is_err());
+        let cold: Config =
+            toml::from_str("[storage.cold]\nbackend = \"mem\"\n").expect("parse cold");
+        assert_eq!(
+            cold.storage.cold.backend,
+            Some(ursula_storage::cold::Backend::Memory)
+        );
+        let s3: Config = toml::from_str("[storage.cold]\nbackend = \"s3\"\n").expect("parse s3");
+        assert!(s3.validate().is_err(), "s3 without a bucket");
         assert!(
             Config {
                 group_count: 0,

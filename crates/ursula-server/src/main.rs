@@ -1,6 +1,7 @@
 //! `ursula`: the durable stream server.
 
 mod app;
+mod cold;
 mod config;
 mod http;
 mod metrics;
@@ -67,6 +68,25 @@ struct ServerArgs {
     /// Host names to answer for, comma-separated; other hosts get 400 [default: any].
     #[arg(long, env = "URSULA_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Option<Vec<String>>,
+    /// Cold-tier backend: local, s3, memory or none (aliases: mem, inmem; disabled, off)
+    /// [default: local, in {data-dir}/cold].
+    #[arg(long, env = "URSULA_COLD_BACKEND")]
+    cold_backend: Option<ursula_storage::cold::Backend>,
+    /// Directory of the local cold backend [default: {data-dir}/cold].
+    #[arg(long, env = "URSULA_COLD_LOCAL_PATH")]
+    cold_local_path: Option<PathBuf>,
+    /// Key prefix of every cold object [default: none].
+    #[arg(long, env = "URSULA_COLD_ROOT")]
+    cold_root: Option<String>,
+    /// Bucket of the s3 cold backend (required for s3).
+    #[arg(long, env = "URSULA_COLD_S3_BUCKET")]
+    cold_s3_bucket: Option<String>,
+    /// Region of the s3 cold backend [default: AWS_REGION, else us-east-1].
+    #[arg(long, env = "URSULA_COLD_S3_REGION")]
+    cold_s3_region: Option<String>,
+    /// Endpoint of an S3-compatible store, e.g. http://127.0.0.1:9000 [default: AWS].
+    #[arg(long, env = "URSULA_COLD_S3_ENDPOINT")]
+    cold_s3_endpoint: Option<String>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -105,6 +125,13 @@ impl ServerArgs {
         if let Some(v) = self.allowed_hosts {
             c.allowed_hosts = v.into_iter().map(|h| h.trim().to_owned()).collect();
         }
+        let cold = &mut c.storage.cold;
+        cold.backend = self.cold_backend.or(cold.backend);
+        cold.local.path = self.cold_local_path.or(cold.local.path.take());
+        cold.root = self.cold_root.or(cold.root.take());
+        cold.s3.bucket = self.cold_s3_bucket.or(cold.s3.bucket.take());
+        cold.s3.region = self.cold_s3_region.or(cold.s3.region.take());
+        cold.s3.endpoint = self.cold_s3_endpoint.or(cold.s3.endpoint.take());
         c.validate()?;
         Ok((c, self.log_format))
     }
@@ -137,6 +164,7 @@ fn main() -> anyhow::Result<()> {
 async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let started = std::time::Instant::now();
+    let cold = cold::open(&cfg).await?;
     let watchers = watchers::Watchers::new(cfg.group_count);
     let node = ursula_raft::Node::open(ursula_raft::NodeConfig {
         data_dir: cfg.data_dir.clone(),
@@ -174,7 +202,14 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         listen: addr,
         ..cfg
     };
-    let app = app::App::new(node.clone(), cfg, watchers, None);
+    let cfg_probe = cfg.storage.cold.clone();
+    let tiering = cold
+        .clone()
+        .map(|store| tiering::Tiering::new(store, cfg.tiering(), cfg.group_count));
+    let app = app::App::new(node.clone(), cfg, watchers, tiering.clone());
+    if let Some(t) = &tiering {
+        t.spawn(&app);
+    }
     app.spawn_upkeep();
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();
@@ -188,6 +223,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             http::admin::handle,
         ));
     }
+    let _cold_probe = cold.map(|c| cold::spawn_probe(c, &cfg_probe));
     server::run(listener, app, shutdown_signal(), http::handle).await;
     node.shutdown().await;
     tracing::info!("stopped");

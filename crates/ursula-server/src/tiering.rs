@@ -18,7 +18,7 @@ use ursula_core::ErrorCode;
 use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
 use ursula_core::command::Op;
 use ursula_storage::chunk_object;
-use ursula_storage::cold::{ColdError, ColdStore, ObjectKey};
+use ursula_storage::cold::{Body, ColdError, ColdStore, ObjectKey};
 
 /// Flush and GC settings (`[storage.cold]`, cluster.md §7.5).
 #[derive(Debug, Clone)]
@@ -204,7 +204,10 @@ impl Tiering {
             let Ok(key) = chunk_key(group, id) else {
                 return 0;
             };
-            match self.timed(self.store.put_if_absent(&key, object.clone())).await {
+            match self
+                .timed(self.store.put_if_absent(&key, Body::from(object.clone())))
+                .await
+            {
                 Ok(()) => {
                     uploaded = Some(id);
                     break;

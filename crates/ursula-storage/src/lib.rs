@@ -7,6 +7,8 @@
 //!   `fdatasync` once, then completes every append in the batch.
 //! * [`snapshot_file`]: atomic, checksummed single-blob files for state-machine snapshots.
 //! * [`chunk_object`]: the block-checksummed layout of cold chunk objects (pure).
+//! * [`cold`]: the cold tier's object store ([`cold::ColdStore`] over `object_store`: local
+//!   directory, S3, memory), its configuration, object framing, fault twin and conformance suite.
 //!
 //! ## WAL on-disk format (version 1)
 //!

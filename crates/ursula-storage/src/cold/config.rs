@@ -55,8 +55,33 @@ impl<'de> Deserialize<'de> for Backend {
     }
 }
 
+/// Server-side encryption of the `s3` backend's objects.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Encryption {
+    /// SSE-S3 (`AES256`).
+    #[default]
+    Aes256,
+    /// SSE-KMS (`aws:kms`), with `kms_key_id` when set.
+    AwsKms,
+    /// No encryption header (S3-compatible stores without KMS).
+    None,
+}
+
+impl<'de> Deserialize<'de> for Encryption {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match String::deserialize(d)?.trim().to_ascii_lowercase().as_str() {
+            "aes256" => Ok(Encryption::Aes256),
+            "aws-kms" => Ok(Encryption::AwsKms),
+            "none" => Ok(Encryption::None),
+            other => Err(serde::de::Error::custom(format!(
+                "unknown server_side_encryption {other:?} (expected aes256, aws-kms or none)"
+            ))),
+        }
+    }
+}
+
 /// `[storage.cold]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ColdConfig {
     /// Backend. Default: `local` on a node without peers (OQ-107); required with peers.
@@ -65,6 +90,45 @@ pub struct ColdConfig {
     pub root: Option<String>,
     pub local: LocalConfig,
     pub s3: S3Config,
+    /// Flush tick (non-zero). Default: `1s`.
+    #[serde(deserialize_with = "duration")]
+    pub flush_interval: Duration,
+    /// Target bytes per group per flush. Default: `8MiB`.
+    #[serde(deserialize_with = "size")]
+    pub flush_size: u64,
+    /// A group flushes once it holds this many hot bytes. Default: = `flush_size`.
+    #[serde(deserialize_with = "opt_size")]
+    pub flush_min_hot_size: Option<u64>,
+    /// Largest flush object. Default: = `flush_size`.
+    #[serde(deserialize_with = "opt_size")]
+    pub flush_max_size: Option<u64>,
+    /// A write that would take its group's hot bytes past this answers
+    /// `503 COLD_BACKPRESSURE` (`0` disables). Default: `64MiB`.
+    #[serde(deserialize_with = "size")]
+    pub max_hot_size_per_group: u64,
+    /// GC tick (non-zero). Default: `5s`.
+    #[serde(deserialize_with = "duration")]
+    pub gc_interval: Duration,
+    /// Objects deleted per group per GC pass. Default: 256.
+    pub gc_max_entries: usize,
+}
+
+impl Default for ColdConfig {
+    fn default() -> Self {
+        ColdConfig {
+            backend: None,
+            root: None,
+            local: LocalConfig::default(),
+            s3: S3Config::default(),
+            flush_interval: Duration::from_secs(1),
+            flush_size: 8 << 20,
+            flush_min_hot_size: None,
+            flush_max_size: None,
+            max_hot_size_per_group: 64 << 20,
+            gc_interval: Duration::from_secs(5),
+            gc_max_entries: 256,
+        }
+    }
 }
 
 /// `[storage.cold.local]`.
@@ -96,6 +160,10 @@ pub struct S3Config {
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
     pub session_token: Option<String>,
+    /// Server-side encryption: `aes256`, `aws-kms` or `none`. Default: `aes256`.
+    pub server_side_encryption: Encryption,
+    /// Customer managed KMS key (only with `aws-kms`). Default: unset.
+    pub kms_key_id: Option<String>,
     /// Per-operation timeout. Default: `10s`.
     #[serde(deserialize_with = "duration")]
     pub timeout: Duration,
@@ -116,6 +184,8 @@ impl Default for S3Config {
             access_key_id: None,
             secret_access_key: None,
             session_token: None,
+            server_side_encryption: Encryption::Aes256,
+            kms_key_id: None,
             timeout: Duration::from_secs(10),
             max_retries: 3,
             probe_timeout: Duration::from_secs(2),
@@ -141,6 +211,42 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("duration {s:?} is too large"))
 }
 
+/// Parses `512`, `64KiB`, `8MiB`, `1GiB` (also `KB`/`MB`/`GB` as powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "kib" | "kb" | "k" => 10,
+        "mib" | "mb" | "m" => 20,
+        "gib" | "gb" | "g" => 30,
+        _ => return Err(format!("invalid size unit in {s:?} (B, KiB, MiB, GiB)")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+/// A size given as a number of bytes or as a string with a unit.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match SizeValue::deserialize(d)? {
+        SizeValue::Bytes(n) => Ok(n),
+        SizeValue::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn opt_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size(d).map(Some)
+}
+
 fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse_duration(&s).map_err(serde::de::Error::custom)
@@ -149,16 +255,28 @@ fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error
 /// Why the cold store could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ColdConfigError {
-    #[error("storage.cold.backend is required on a node with peers (s3, or local with a shared path)")]
+    #[error(
+        "storage.cold.backend is required on a node with peers (s3, or local with a shared path)"
+    )]
     BackendRequired,
     #[error("storage.cold.backend = \"s3\" needs storage.cold.s3.bucket (or --cold-s3-bucket)")]
     MissingBucket,
-    #[error("storage.cold.backend = \"local\" with peers needs a path every node shares (storage.cold.local.shared = true)")]
+    #[error(
+        "storage.cold.backend = \"local\" with peers needs a path every node shares (storage.cold.local.shared = true)"
+    )]
     LocalNotShared,
-    #[error("storage.cold.backend = \"memory\" cannot be used with peers: other nodes cannot read it")]
+    #[error(
+        "storage.cold.backend = \"memory\" cannot be used with peers: other nodes cannot read it"
+    )]
     MemoryWithPeers,
     #[error("storage.cold.s3.access_key_id and secret_access_key must be given together")]
     PartialCredentials,
+    #[error("storage.cold.s3.kms_key_id needs server_side_encryption = \"aws-kms\"")]
+    KmsKeyWithoutKms,
+    #[error("storage.cold.flush_interval and gc_interval must be non-zero")]
+    ZeroInterval,
+    #[error("storage.cold.flush_size (or flush_max_size) and gc_max_entries must be non-zero")]
+    ZeroFlushSize,
     #[error("invalid storage.cold.root: {0}")]
     InvalidRoot(ColdError),
     #[error("cannot create the cold directory {path}: {source}")]
@@ -188,13 +306,25 @@ impl ColdConfig {
                 Err(ColdConfigError::LocalNotShared)
             }
             Backend::Memory if has_peers => Err(ColdConfigError::MemoryWithPeers),
-            Backend::S3 if self.s3.bucket.as_deref().is_none_or(|b| b.trim().is_empty()) => {
+            Backend::S3
+                if self
+                    .s3
+                    .bucket
+                    .as_deref()
+                    .is_none_or(|b| b.trim().is_empty()) =>
+            {
                 Err(ColdConfigError::MissingBucket)
             }
             Backend::S3
                 if self.s3.access_key_id.is_some() != self.s3.secret_access_key.is_some() =>
             {
                 Err(ColdConfigError::PartialCredentials)
+            }
+            Backend::S3
+                if self.s3.kms_key_id.is_some()
+                    && self.s3.server_side_encryption != Encryption::AwsKms =>
+            {
+                Err(ColdConfigError::KmsKeyWithoutKms)
             }
             b => Ok(b),
         }
@@ -217,7 +347,23 @@ impl ColdConfig {
             "check",
         )
         .map_err(ColdConfigError::InvalidRoot)?;
+        if self.flush_interval.is_zero() || self.gc_interval.is_zero() {
+            return Err(ColdConfigError::ZeroInterval);
+        }
+        if self.flush_max_size() == 0 || self.gc_max_entries == 0 {
+            return Err(ColdConfigError::ZeroFlushSize);
+        }
         Ok(())
+    }
+
+    /// `flush_min_hot_size`, defaulting to `flush_size`.
+    pub fn flush_min_hot_size(&self) -> u64 {
+        self.flush_min_hot_size.unwrap_or(self.flush_size)
+    }
+
+    /// `flush_max_size`, defaulting to `flush_size`.
+    pub fn flush_max_size(&self) -> u64 {
+        self.flush_max_size.unwrap_or(self.flush_size)
     }
 
     /// Builds the store (creating the local directory); `None` for `none`.
@@ -236,11 +382,12 @@ impl ColdConfig {
                     path: path.clone(),
                     source,
                 })?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&path)
-                    .map_err(|source| ColdConfigError::Build {
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&path).map_err(
+                    |source| ColdConfigError::Build {
                         backend: "local",
                         source,
-                    })?;
+                    },
+                )?;
                 Arc::new(fs)
             }
             Backend::S3 => Arc::new(self.s3.build().map_err(|source| ColdConfigError::Build {
@@ -256,7 +403,9 @@ impl ColdConfig {
 
 impl S3Config {
     fn build(&self) -> Result<object_store::aws::AmazonS3, object_store::Error> {
-        use object_store::aws::AmazonS3Builder;
+        use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+        // The key type of this setting is not exported; its name parses to it.
+        let sse: AmazonS3ConfigKey = "aws_server_side_encryption".parse()?;
         // The standard chain: AWS_* variables first, then what this file sets.
         let mut b = AmazonS3Builder::from_env()
             .with_bucket_name(self.bucket.clone().unwrap_or_default())
@@ -278,6 +427,16 @@ impl S3Config {
             b = b
                 .with_endpoint(ep.trim_end_matches('/'))
                 .with_allow_http(ep.starts_with("http://"));
+        }
+        match (self.server_side_encryption, &self.kms_key_id) {
+            (Encryption::Aes256, _) => {
+                b = b.with_config(sse, "AES256");
+            }
+            (Encryption::AwsKms, Some(key)) => b = b.with_sse_kms_encryption(key),
+            (Encryption::AwsKms, None) => {
+                b = b.with_config(sse, "aws:kms");
+            }
+            (Encryption::None, _) => {}
         }
         if let (Some(id), Some(secret)) = (&self.access_key_id, &self.secret_access_key) {
             b = b.with_access_key_id(id).with_secret_access_key(secret);
@@ -363,6 +522,17 @@ mod tests {
         assert_eq!(c.backend(false).unwrap(), Backend::S3);
         assert_eq!(c.s3.timeout, Duration::from_millis(500));
         assert!(c.local.shared);
+        assert_eq!(c.s3.server_side_encryption, Encryption::Aes256);
+        let kms: ColdConfig = toml::from_str(
+            "backend = \"s3\"\n[s3]\nbucket = \"b\"\nserver_side_encryption = \"none\"\nkms_key_id = \"k\"\n",
+        )
+        .unwrap();
+        assert_eq!(kms.s3.server_side_encryption, Encryption::None);
+        assert!(matches!(
+            kms.backend(false),
+            Err(ColdConfigError::KmsKeyWithoutKms)
+        ));
+        assert!(toml::from_str::<ColdConfig>("[s3]\nserver_side_encryption = \"rot13\"").is_err());
         assert!(toml::from_str::<ColdConfig>("backend = \"tape\"").is_err());
         assert!(toml::from_str::<ColdConfig>("bogus = 1").is_err());
         assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86_400));

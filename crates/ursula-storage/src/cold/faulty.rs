@@ -2,7 +2,7 @@
 //! store fails: every operation can be made to fail, once or until healed, before it reaches
 //! the store (nothing written) or after (written, but the caller is told it failed).
 
-use super::{ColdError, ColdStore, InjectedFault, ObjectInfo, ObjectKey};
+use super::{Body, ColdError, ColdStore, InjectedFault, ObjectInfo, ObjectKey};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::ops::Range;
@@ -110,11 +110,11 @@ impl ColdStore for FaultyColdStore {
     fn put_if_absent<'a>(
         &'a self,
         key: &'a ObjectKey,
-        data: Bytes,
+        body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
         Box::pin(async move {
             self.faults.before(Op::Put)?;
-            self.inner.put_if_absent(key, data).await?;
+            self.inner.put_if_absent(key, body).await?;
             if Faults::take(&self.faults.lose_ack) {
                 return Err(injected(Op::Put));
             }

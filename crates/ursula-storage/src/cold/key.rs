@@ -84,7 +84,9 @@ mod tests {
         for ok in ["a", "g-1/chunks/000017.uc", "parts/s=1/x_y.z"] {
             assert!(ObjectKey::new(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "/a", "a/", "a//b", "a/../b", ".", "a b", "é", "a\\b", "a?b"] {
+        for bad in [
+            "", "/a", "a/", "a//b", "a/../b", ".", "a b", "é", "a\\b", "a?b",
+        ] {
             assert!(
                 matches!(ObjectKey::new(bad), Err(ColdError::InvalidKey { .. })),
                 "{bad}"

@@ -4,6 +4,7 @@
 //!   (`local`), `AmazonS3` (`s3`, any S3-compatible endpoint) and `InMemory` (`memory`).
 //! - [`config`]: `[storage.cold]` (cluster.md §7.5), the backend choice and construction.
 //! - [`key`]: validated object keys.
+//! - [`body`]: [`Body`], an object's bytes in pieces that are sent without copying.
 //! - [`error`]: [`ColdError`], the conditions callers branch on.
 //! - [`object`]: the frame (magic, version, length, checksum) every object format uses.
 //! - [`faulty`]: [`FaultyColdStore`], the fault-injecting twin for tests.
@@ -12,6 +13,7 @@
 //! Objects are immutable: they are only created with a conditional create
 //! ([`ColdStore::put_if_absent`], `PutMode::Create`, `If-None-Match: *` on S3) and deleted.
 
+pub mod body;
 pub mod config;
 pub mod error;
 pub mod faulty;
@@ -24,7 +26,8 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use config::{Backend, ColdConfig, ColdConfigError};
+pub use body::Body;
+pub use config::{Backend, ColdConfig, ColdConfigError, Encryption};
 pub use error::{ColdError, InjectedFault};
 pub use faulty::{Faults, FaultyColdStore};
 pub use key::ObjectKey;

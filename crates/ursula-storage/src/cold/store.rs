@@ -1,11 +1,13 @@
 //! The [`ColdStore`] trait, and its implementation over any `object_store` backend.
 
-use super::{ColdError, ObjectKey};
+use super::{Body, ColdError, ObjectKey};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
 use object_store::path::Path;
-use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use object_store::{
+    GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -29,11 +31,12 @@ pub struct ObjectInfo {
 /// - [`ColdStore::delete`] is idempotent: deleting a missing object succeeds.
 /// - [`ColdStore::list`] returns every object below a prefix, sorted by key.
 pub trait ColdStore: Send + Sync + std::fmt::Debug + 'static {
-    /// Creates `key` holding `data`, unless an object is already there.
+    /// Creates `key` holding `body` (its pieces in order, sent without concatenating them),
+    /// unless an object is already there.
     fn put_if_absent<'a>(
         &'a self,
         key: &'a ObjectKey,
-        data: Bytes,
+        body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>>;
 
     /// The whole object.
@@ -143,15 +146,16 @@ impl ColdStore for ObjectColdStore {
     fn put_if_absent<'a>(
         &'a self,
         key: &'a ObjectKey,
-        data: Bytes,
+        body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
         Box::pin(async move {
             let opts = PutOptions {
                 mode: PutMode::Create,
                 ..Default::default()
             };
+            let payload: PutPayload = body.into_pieces().into_iter().collect();
             self.store
-                .put_opts(&self.path(key), data.into(), opts)
+                .put_opts(&self.path(key), payload, opts)
                 .await
                 .map(|_| ())
                 .map_err(|e| ColdError::from_store("put", key.as_str(), e))
@@ -192,15 +196,14 @@ impl ColdStore for ObjectColdStore {
                 Err(e) => return Err(self.range_error(key, &range).await.unwrap_or(map(e))),
             };
             if bytes.len() as u64 != range.end - range.start {
-                return Err(self
-                    .range_error(key, &range)
-                    .await
-                    .unwrap_or(ColdError::InvalidRange {
+                return Err(self.range_error(key, &range).await.unwrap_or(
+                    ColdError::InvalidRange {
                         key: key.to_string(),
                         start: range.start,
                         end: range.end,
                         size: range.start + bytes.len() as u64,
-                    }));
+                    },
+                ));
             }
             Ok(bytes)
         })

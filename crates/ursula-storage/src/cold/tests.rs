@@ -29,7 +29,10 @@ async fn suite_local() {
     };
     let store = cfg.open(dir.path(), false).unwrap().unwrap();
     testing::suite(store.as_ref(), &run_prefix("local")).await;
-    assert!(dir.path().join("cold").is_dir(), "default {{data_dir}}/cold");
+    assert!(
+        dir.path().join("cold").is_dir(),
+        "default {{data_dir}}/cold"
+    );
 }
 
 #[tokio::test]
@@ -70,7 +73,10 @@ async fn suite_s3() {
         },
         ..Default::default()
     };
-    let store = cfg.open(std::path::Path::new("/nonexistent"), false).unwrap().unwrap();
+    let store = cfg
+        .open(std::path::Path::new("/nonexistent"), false)
+        .unwrap()
+        .unwrap();
     testing::suite(store.as_ref(), &run_prefix("s3")).await;
 }
 
@@ -83,7 +89,7 @@ async fn faults_fail_before_or_after_the_store() {
 
     faults.fail_next(Op::Put, 1);
     let e = twin
-        .put_if_absent(&k, Bytes::from_static(b"1"))
+        .put_if_absent(&k, Bytes::from_static(b"1").into())
         .await
         .unwrap_err();
     assert!(e.is_transient(), "{e:?}");
@@ -91,21 +97,22 @@ async fn faults_fail_before_or_after_the_store() {
         inner.head(&k).await,
         Err(ColdError::NotFound { .. })
     ));
-    twin.put_if_absent(&k, Bytes::from_static(b"1"))
+    twin.put_if_absent(&k, Bytes::from_static(b"1").into())
         .await
         .unwrap();
 
     faults.lose_next_put_acks(1);
     let k2 = ObjectKey::new("f/b").unwrap();
     assert!(
-        twin.put_if_absent(&k2, Bytes::from_static(b"2"))
+        twin.put_if_absent(&k2, Bytes::from_static(b"2").into())
             .await
             .unwrap_err()
             .is_transient()
     );
     assert_eq!(inner.get(&k2).await.unwrap(), &b"2"[..], "written anyway");
     assert!(matches!(
-        twin.put_if_absent(&k2, Bytes::from_static(b"2")).await,
+        twin.put_if_absent(&k2, Bytes::from_static(b"2").into())
+            .await,
         Err(ColdError::AlreadyExists { .. })
     ));
 

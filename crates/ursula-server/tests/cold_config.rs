@@ -1,0 +1,154 @@
+//! The cold-store configuration of the real binary: the default `local` backend in
+//! `{data_dir}/cold`, the flag, the environment variable and the TOML key, and start-up
+//! failures with a clear message for invalid combinations.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+mod common;
+
+use common::{Server, wait_until};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `ursula server` with `args` and `env`, expecting it to exit before listening; returns
+/// its exit status and stderr.
+fn failed_start(args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ursula"));
+    cmd.arg("server")
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env_remove("URSULA_CONFIG")
+        .env_remove("URSULA_COLD_BACKEND")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("server started although it should not have");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    (status, err)
+}
+
+#[test]
+fn default_node_keeps_its_cold_tier_in_the_data_dir() {
+    let s = Server::start();
+    assert!(s.dir().join("cold").is_dir(), "{{data_dir}}/cold");
+    assert!(
+        wait_until(Duration::from_secs(5), || s
+            .log_tail(50)
+            .contains("cold store ready")),
+        "{}",
+        s.log_tail(50)
+    );
+    assert!(s.log_tail(50).contains("local"), "{}", s.log_tail(50));
+    // The node serves as before.
+    assert_eq!(s.put("/cold-test/s1", "text/plain", b"x").status, 201);
+}
+
+#[test]
+fn flag_env_and_toml_choose_the_backend() {
+    let s = Server::start_with_args(&["--cold-backend", "off"]);
+    assert!(!s.dir().join("cold").exists(), "none creates nothing");
+    assert!(
+        s.log_tail(50).contains("no cold store"),
+        "{}",
+        s.log_tail(50)
+    );
+
+    let s = Server::start_with_args(&["--cold-backend", "inmem"]);
+    assert!(!s.dir().join("cold").exists());
+    assert!(s.log_tail(50).contains("cold store ready"));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("objects");
+    let s = Server::start_with_args(&["--cold-local-path", path.to_str().unwrap()]);
+    assert!(path.is_dir(), "--cold-local-path");
+    drop(s);
+
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(&cfg, "[storage.cold]\nbackend = \"bogus\"\n").unwrap();
+    let (st, err) = failed_start(&["--config", cfg.to_str().unwrap()], &[]);
+    assert!(!st.success());
+    assert!(err.contains("unknown cold backend"), "{err}");
+
+    // The flag wins over the file.
+    std::fs::write(&cfg, "[storage.cold]\nbackend = \"memory\"\n").unwrap();
+    let s = Server::start_with_args(&["--config", cfg.to_str().unwrap()]);
+    assert!(s.log_tail(50).contains("cold store ready"));
+    assert!(s.log_tail(50).contains("memory"), "{}", s.log_tail(50));
+    let s = Server::start_with_args(&["--config", cfg.to_str().unwrap(), "--cold-backend", "none"]);
+    assert!(s.log_tail(50).contains("no cold store"));
+
+    let (st, err) = failed_start(&[], &[("URSULA_COLD_BACKEND", "tape")]);
+    assert!(!st.success());
+    assert!(err.contains("tape"), "{err}");
+}
+
+#[test]
+fn invalid_combinations_fail_start_up_clearly() {
+    let (st, err) = failed_start(&["--cold-backend", "s3"], &[]);
+    assert!(!st.success());
+    assert!(err.contains("storage.cold.s3.bucket"), "{err}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nbackend = \"s3\"\n[storage.cold.s3]\nbucket = \"b\"\naccess_key_id = \"only-the-id\"\n",
+    )
+    .unwrap();
+    let (st, err) = failed_start(&["--config", cfg.to_str().unwrap()], &[]);
+    assert!(!st.success());
+    assert!(err.contains("secret_access_key"), "{err}");
+
+    let (st, err) = failed_start(&["--cold-root", "a/../b"], &[]);
+    assert!(!st.success());
+    assert!(err.contains("storage.cold.root"), "{err}");
+}
+
+#[test]
+fn an_unreachable_s3_store_does_not_keep_the_node_down() {
+    // Nothing listens on port 9 of loopback: the probe fails, the node serves anyway. Static
+    // credentials, so the client never looks for instance credentials off the machine.
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold.s3]\naccess_key_id = \"k\"\nsecret_access_key = \"s\"\nmax_retries = 0\n",
+    )
+    .unwrap();
+    let s = Server::start_with_args(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--cold-backend",
+        "s3",
+        "--cold-s3-bucket",
+        "b",
+        "--cold-s3-endpoint",
+        "http://127.0.0.1:9",
+    ]);
+    assert!(
+        wait_until(Duration::from_secs(10), || s
+            .log_tail(50)
+            .contains("cold store unreachable")),
+        "{}",
+        s.log_tail(50)
+    );
+    assert_eq!(s.put("/cold-test/s1", "text/plain", b"x").status, 201);
+}
