@@ -217,12 +217,17 @@ pub(crate) fn decode_batch(
                 found: rec.lsn,
             });
         }
-        prefix_crc = crc32c::crc32c_append(prefix_crc, body.get(p..p + FRAME_PREFIX_LEN).unwrap_or_default());
+        prefix_crc = crc32c::crc32c_append(
+            prefix_crc,
+            body.get(p..p + FRAME_PREFIX_LEN).unwrap_or_default(),
+        );
         p += rec.frame_len;
         records.push(rec);
     }
     if p != records_len || count == 0 {
-        return Err(BatchError::BadRecord(RecordError::BadLength(records_len as u32)));
+        return Err(BatchError::BadRecord(RecordError::BadLength(
+            records_len as u32,
+        )));
     }
     if batch_crc(prefix_crc, h) != crc {
         return Err(BatchError::BadChecksum);
@@ -458,7 +463,10 @@ mod tests {
         let b = batch(5, &[b"one", b"two", b"three"]);
         let (recs, len) = decode_batch(&b, 0).unwrap();
         assert_eq!(len, b.len());
-        assert_eq!(recs.iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert_eq!(
+            recs.iter().map(|r| r.lsn).collect::<Vec<_>>(),
+            vec![5, 6, 7]
+        );
         for i in 0..b.len() {
             let mut bad = b.clone();
             bad[i] ^= 0x10;

@@ -172,9 +172,7 @@ impl FileSystem for RealFs {
     }
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
-        fs::read_dir(path)?
-            .map(|e| e.map(|e| e.path()))
-            .collect()
+        fs::read_dir(path)?.map(|e| e.map(|e| e.path())).collect()
     }
 
     fn exists(&self, path: &Path) -> io::Result<bool> {

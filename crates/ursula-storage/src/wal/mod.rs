@@ -474,10 +474,12 @@ impl Wal {
     pub fn check_space(&self) {
         let shared = &self.inner.shared;
         match shared.fs.available_bytes(&shared.dir) {
-            Ok(avail) if avail < shared.reserve_bytes => shared.health.set_low_space(Some(format!(
-                "{avail} bytes free, below the reserve of {} bytes",
-                shared.reserve_bytes
-            ))),
+            Ok(avail) if avail < shared.reserve_bytes => {
+                shared.health.set_low_space(Some(format!(
+                    "{avail} bytes free, below the reserve of {} bytes",
+                    shared.reserve_bytes
+                )))
+            }
             Ok(_) => shared.health.set_low_space(None),
             Err(e) => tracing::debug!(error = %e, "wal: could not read free space"),
         }
@@ -510,6 +512,6 @@ async fn deliver_batches(mut rx: tokio::sync::mpsc::UnboundedReceiver<CommittedB
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod fault_tests;
+#[cfg(test)]
+mod tests;

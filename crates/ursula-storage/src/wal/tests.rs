@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
-use super::segment::{list_segments as list_segments_in, parse_segment_file_name, segment_file_name};
+use super::segment::{
+    list_segments as list_segments_in, parse_segment_file_name, segment_file_name,
+};
 use super::*;
 use crate::format::{
     BATCH_HEADER_LEN, RECORD_OVERHEAD, SEGMENT_HEADER_LEN, encode_record, encode_segment_header,

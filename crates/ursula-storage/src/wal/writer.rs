@@ -169,12 +169,8 @@ impl Writer {
             self.batch_first_lsn = self.next_lsn;
             self.batch_crc = 0;
         }
-        self.buf.reserve(
-            records
-                .iter()
-                .map(|r| encoded_len(r.payload.len()))
-                .sum(),
-        );
+        self.buf
+            .reserve(records.iter().map(|r| encoded_len(r.payload.len())).sum());
         for r in records {
             let prefix = encode_record(&mut self.buf, self.next_lsn, r.group, r.kind, &r.payload);
             self.batch_crc = crc32c::crc32c_append(self.batch_crc, &prefix);
@@ -185,7 +181,10 @@ impl Writer {
 
     /// Runs `op` until it does not fail for lack of space: a full disk holds the writer (and
     /// the batch) instead of failing it. Gives up only when the WAL is being closed.
-    fn retry_no_space(&mut self, op: impl Fn(&mut Self) -> Result<(), Failure>) -> Result<(), Failure> {
+    fn retry_no_space(
+        &mut self,
+        op: impl Fn(&mut Self) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
         let mut delay = NO_SPACE_FIRST_RETRY;
         let mut stalled = false;
         loop {
@@ -261,9 +260,13 @@ impl Writer {
             None => None,
         };
         let new = match ready {
-            Some(prepared) => {
-                adopt_segment(fs.as_ref(), &dir, &prepared, self.next_lsn, self.shared.fsync)?
-            }
+            Some(prepared) => adopt_segment(
+                fs.as_ref(),
+                &dir,
+                &prepared,
+                self.next_lsn,
+                self.shared.fsync,
+            )?,
             None => {
                 let seg = create_segment(fs.as_ref(), &dir, self.next_lsn, self.shared.fsync)?;
                 if self.shared.fsync {
@@ -322,8 +325,12 @@ impl Writer {
             Some(h) if h.is_finished() => {
                 if let Ok(Ok(path)) = h.join() {
                     match self.shared.fs.remove_file(&path) {
-                        Ok(()) => tracing::info!("wal: deleted the prepared next segment to free space"),
-                        Err(e) => tracing::warn!(error = %e, "wal: could not delete the prepared next segment"),
+                        Ok(()) => {
+                            tracing::info!("wal: deleted the prepared next segment to free space")
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "wal: could not delete the prepared next segment")
+                        }
                     }
                 }
             }
