@@ -28,6 +28,7 @@ pub(super) async fn run_batcher(
     raft: Raft,
     mut rx: mpsc::Receiver<Pending>,
     mut stop: watch::Receiver<bool>,
+    health: Arc<ursula_storage::StorageHealth>,
 ) {
     let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
     let mut stopping = false;
@@ -76,14 +77,18 @@ pub(super) async fn run_batcher(
         match raft.client_write_ff(Batch(cmds)).await {
             Ok(resp) => {
                 let raft = raft.clone();
+                let health = Arc::clone(&health);
                 tokio::spawn(async move {
                     let result = resp.await;
-                    deliver(group, &raft, result, txs);
+                    deliver(group, &raft, &health, result, txs);
                     drop(permit);
                 });
             }
             Err(e) => {
-                let err = fatal_error(&e);
+                let err = match health.failed() {
+                    Some(reason) => ProposeError::StorageUnavailable(reason),
+                    None => fatal_error(&e),
+                };
                 for tx in txs {
                     let _ = tx.send(Err(err.clone()));
                 }
@@ -105,6 +110,7 @@ type WriteResult = Result<
 fn deliver(
     group: u32,
     raft: &Raft,
+    health: &ursula_storage::StorageHealth,
     result: WriteResult,
     txs: Vec<oneshot::Sender<Result<Response, ProposeError>>>,
 ) {
@@ -132,7 +138,12 @@ fn deliver(
             })
         }
         Ok(Err(e)) => ProposeError::Unavailable(e.to_string()),
-        Err(_) => stopped_error(raft),
+        // The core stopped with this batch accepted: if the WAL failed, the batch may have
+        // been in the failed sync (the core may report its error only after this).
+        Err(_) => match health.failed() {
+            Some(reason) => ProposeError::OutcomeUnknown(reason),
+            None => stopped_error(raft),
+        },
     };
     for tx in txs {
         let _ = tx.send(Err(err.clone()));

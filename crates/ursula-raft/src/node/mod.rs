@@ -180,6 +180,7 @@ impl Node {
                 raft.clone(),
                 rx,
                 stop.subscribe(),
+                Arc::clone(wal.health()),
             )));
             groups.push(Group {
                 raft,
