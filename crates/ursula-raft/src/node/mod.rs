@@ -346,8 +346,14 @@ impl Node {
             }
         }
         for (group, g) in self.groups.iter().enumerate() {
-            if let Err(e) = g.raft.shutdown().await {
-                tracing::warn!(group, error = %e, "raft group did not shut down cleanly");
+            // Bounded: a core waiting on a WAL write that a full disk holds cannot stop until
+            // the WAL is closed below (which fails that write).
+            match tokio::time::timeout(SHUTDOWN_DRAIN_TIMEOUT, g.raft.shutdown()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(group, error = %e, "raft group did not shut down cleanly")
+                }
+                Err(_) => tracing::warn!(group, "raft group did not stop in time"),
             }
         }
         // A snapshot build may still be running (openraft spawns it); let it finish writing and

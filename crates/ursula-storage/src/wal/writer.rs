@@ -155,12 +155,13 @@ impl Writer {
             self.fail(&f);
             return false;
         }
-        self.encode(&records);
+        self.encode(&records, bytes as usize);
         self.pending.push((done, self.next_lsn - 1));
         false
     }
 
-    fn encode(&mut self, records: &[WalRecord]) {
+    /// Appends `records` (`bytes` long, with room for a batch header) to the batch.
+    fn encode(&mut self, records: &[WalRecord], bytes: usize) {
         if self.batch_count == 0 {
             self.buf.clear();
             if self.active.batched {
@@ -169,8 +170,7 @@ impl Writer {
             self.batch_first_lsn = self.next_lsn;
             self.batch_crc = 0;
         }
-        self.buf
-            .reserve(records.iter().map(|r| encoded_len(r.payload.len())).sum());
+        self.buf.reserve(bytes);
         for r in records {
             let prefix = encode_record(&mut self.buf, self.next_lsn, r.group, r.kind, &r.payload);
             self.batch_crc = crc32c::crc32c_append(self.batch_crc, &prefix);
