@@ -415,3 +415,98 @@ fn corruption_of_acknowledged_data_is_refused_loudly_and_repair_cuts_it() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("nothing to repair"), "{out}");
 }
+
+/// A small tmpfs mounted for one test (needs root); unmounted on drop.
+struct SmallDisk {
+    mnt: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// Mounts a `size_mb` tmpfs, or `None` (with a message) where mounting is not permitted.
+    fn mount(size_mb: u32, test: &str) -> Option<SmallDisk> {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let mnt = tmp.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mountpoint");
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mb}m"), "tmpfs"])
+            .arg(&mnt)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("SKIPPED {test}: cannot mount a tmpfs here (needs root)");
+            return None;
+        }
+        Some(SmallDisk { mnt, _tmp: tmp })
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+    }
+}
+
+/// Fills the filesystem of `dir` with a file until a write finds it full.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).expect("filler");
+    let chunk = vec![1u8; 1 << 20];
+    for _ in 0..4096 {
+        if f.write_all(&chunk).is_err() {
+            return path;
+        }
+    }
+    panic!("the filesystem never filled up");
+}
+
+#[test]
+fn a_really_full_disk_answers_507_starts_for_reads_and_heals_when_space_is_freed() {
+    let test = "a_really_full_disk_answers_507_starts_for_reads_and_heals_when_space_is_freed";
+    let Some(disk) = SmallDisk::mount(256, test) else {
+        return;
+    };
+    let data = disk.mnt.join("data");
+    let mut s = Server::start_in(&data);
+    create(&s, "/faults/disk");
+    assert_eq!(s.post("/faults/disk", TEXT, b"a;").status, 204);
+    let prepared = data.join("wal/wal-next.prepared");
+    assert!(
+        wait_until(Duration::from_secs(30), || prepared.exists()
+            && std::fs::metadata(&prepared).is_ok_and(|m| m.len() == 64 << 20)),
+        "the next segment is prepared"
+    );
+    let filler = fill(&disk.mnt);
+
+    // Within the free-space check's period the node refuses writes and says why.
+    let full = wait_until(Duration::from_secs(10), || {
+        let r = s.get("/__ursula/ready");
+        r.status == 503 && r.text().contains("disk full")
+    });
+    assert!(full, "readiness never reported the full disk");
+    let r = s.post("/faults/disk", TEXT, b"refused;");
+    assert_error(&r, 507, "INSUFFICIENT_STORAGE");
+    assert_eq!(r.header("retry-after"), Some("5"));
+    assert_eq!(s.get("/faults/disk?offset=-1").text(), "a;");
+    assert_eq!(s.metrics()["disk_full"], 1);
+
+    // A restart on the full disk works, for reads.
+    s.restart();
+    assert_eq!(s.get("/faults/disk?offset=-1").text(), "a;");
+    let r = s.post("/faults/disk", TEXT, b"refused;");
+    assert_error(&r, 507, "INSUFFICIENT_STORAGE");
+    assert_eq!(s.get("/__ursula/ready").status, 503);
+
+    // Space is freed: writes resume by themselves.
+    std::fs::remove_file(&filler).expect("free space");
+    let healed = wait_until(Duration::from_secs(10), || {
+        s.get("/__ursula/ready").status == 200
+    });
+    assert!(healed, "readiness never came back");
+    assert_eq!(s.post("/faults/disk", TEXT, b"b;").status, 204);
+    let (body, _) = s.read_all("/faults/disk");
+    assert_eq!(String::from_utf8_lossy(&body), "a;b;");
+    drop(s);
+}

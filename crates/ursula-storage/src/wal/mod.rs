@@ -352,6 +352,8 @@ impl Wal {
                 writer: Mutex::new(Some(handle)),
             }),
         };
+        // A node started on a full disk refuses writes from its first request on.
+        wal.check_space();
         Ok((wal, records))
     }
 
