@@ -331,7 +331,13 @@ fn a_power_loss_shaped_damaged_tail_starts_and_keeps_every_acknowledged_write() 
     damaged[end..end + 4096].fill(0);
     std::fs::write(&wal, &damaged).expect("write damaged wal");
 
+    let t = Instant::now();
     let s = Server::start_in(&data);
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "recovery of a damaged tail took {:?}",
+        t.elapsed()
+    );
     let (body, _) = s.read_all("/faults/tail");
     assert_eq!(String::from_utf8_lossy(&body), "acked;");
     assert!(s.log_tail(200).contains("torn tail"), "{}", s.log_tail(60));

@@ -182,6 +182,13 @@ fn push(records: &mut Vec<(Lsn, WalRecord)>, lsn: Lsn, group: u32, kind: u8, pay
     ));
 }
 
+/// `data` up to its last non-zero byte: no record or batch lies in the zeros of preallocation,
+/// so the scans after damage stop there instead of crossing a mostly empty 64 MiB segment.
+fn written(data: &[u8]) -> &[u8] {
+    let end = data.iter().rposition(|b| *b != 0).map_or(0, |p| p + 1);
+    &data[..end]
+}
+
 /// Version 1: bare records. A bad record is torn only if no valid record follows it.
 fn scan_records(
     data: &[u8],
@@ -216,7 +223,7 @@ fn scan_records(
                 if !is_last {
                     return Err(corrupt(path, off, format!("{e} in a sealed segment")));
                 }
-                if let Some(next) = find_valid_record_after(data, off, *lsn) {
+                if let Some(next) = find_valid_record_after(written(data), off, *lsn) {
                     return Err(corrupt(
                         path,
                         off,
@@ -268,7 +275,7 @@ fn scan_batches(
                 if !is_last {
                     return Err(corrupt(path, off, format!("{e} in a sealed segment")));
                 }
-                if let Some(next) = find_valid_batch_after(data, off, *lsn) {
+                if let Some(next) = find_valid_batch_after(written(data), off, *lsn) {
                     return Err(corrupt(
                         path,
                         off,
