@@ -267,6 +267,28 @@ impl Server {
         }
     }
 
+    /// Starts a server on an existing (or to be created) data directory with extra flags.
+    pub fn start_in_with_args(dir: &Path, args: &[&str]) -> Server {
+        Self::spawn(dir, args)
+    }
+
+    /// Waits (bounded) for the process to exit by itself and returns its status; `None` if it
+    /// is still running after `timeout` (it is left running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.child.as_mut()?;
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts the server again on the same data directory (SIGKILLs it first if it is
     /// still running). The address changes.
     pub fn restart(&mut self) {
