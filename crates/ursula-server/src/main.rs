@@ -31,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a node. With no flags: 127.0.0.1:4437, data in ./ursula-data, durable (fsync).
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
     /// Repair a data directory whose WAL start-up refuses as corrupt: cut the WAL at its
     /// first damage, keeping every whole batch before it, and report what was dropped. Run
     /// only with the node stopped; data after the damage (acknowledged or not) is lost.
@@ -146,7 +146,7 @@ fn init_tracing(format: &str) {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = match cli.cmd {
-        Cmd::Server(args) => args,
+        Cmd::Server(args) => *args,
         Cmd::Repair(args) => return repair(&args),
     };
     let (cfg, log_format) = args.into_config()?;
