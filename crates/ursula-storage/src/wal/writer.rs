@@ -119,6 +119,11 @@ impl Writer {
                 break;
             }
         }
+        // A closed WAL touches no file any more: a WAL opened next on the same directory
+        // (in this process) must not race a preparation of ours on `wal-next.prepared`.
+        if let Some(h) = self.next_segment.take() {
+            let _ = h.join();
+        }
         self.shared.closed.store(true, Ordering::SeqCst);
         // Requests still queued are dropped with the receiver and complete with `Closed`.
     }
