@@ -55,6 +55,19 @@ pub enum ProposeError {
     /// Fatal: the log could not be made durable (the WAL failed); the group has stopped.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// The node's storage has failed (a WAL sync or write): it takes no writes until it has
+    /// restarted (fail-stop, see docs/storage.md). The command was not logged. HTTP 503
+    /// `STORAGE_UNAVAILABLE`.
+    #[error("storage unavailable: {0}")]
+    StorageUnavailable(String),
+    /// The command reached the log but the sync that would have made it durable failed: it may
+    /// or may not be present after the restart. HTTP 503 `WRITE_OUTCOME_UNKNOWN`.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
+    /// The disk is full; the command was not logged (nothing changed). Writes resume by
+    /// themselves once space is free. HTTP 507 `INSUFFICIENT_STORAGE`.
+    #[error("insufficient storage: {0}")]
+    InsufficientStorage(String),
     /// The command is too large to log (approximate encoded size in bytes).
     #[error("command of about {size} bytes exceeds the limit of {max} bytes")]
     TooLarge { size: usize, max: usize },

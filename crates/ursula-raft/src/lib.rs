@@ -66,7 +66,17 @@
 //! a group's retained log grows past max(64 MiB, its last snapshot), or when its entries pin the
 //! oldest segment and the WAL is larger than its last snapshot, or when the policy is due but
 //! openraft dropped its trigger (it checks only on commit, and not while a build runs); the log
-//! is purged right after (`max_in_snapshot_log_to_keep = 0`). A snapshot file is only written
+//! is purged right after (`max_in_snapshot_log_to_keep = 0`). A snapshot file that cannot be written is
+//! retried with backoff inside the build (openraft would stop the group if the build failed);
+//! the log is not purged meanwhile and writes go on.
+//!
+//! ### Storage faults
+//!
+//! [`Node::propose`] refuses a write before it reaches the log while the WAL has failed
+//! ([`ProposeError::StorageUnavailable`]) or the disk is full
+//! ([`ProposeError::InsufficientStorage`]); a write whose batch was in the failed WAL sync is
+//! [`ProposeError::OutcomeUnknown`]. [`Node::storage_health`] and [`Node::leaderless_groups`]
+//! feed readiness and metrics. The policies are in `docs/storage.md`. A snapshot file is only written
 //! while the node's WAL is open, so a reopened node never races a write of a previous instance.
 
 mod codec;

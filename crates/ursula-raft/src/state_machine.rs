@@ -5,7 +5,7 @@ use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use openraft::storage::RaftStateMachine;
 use openraft::{
@@ -14,7 +14,8 @@ use openraft::{
 use tokio::sync::watch;
 use ursula_core::GroupState;
 use ursula_core::command::Affects;
-use ursula_storage::{Wal, snapshot_file};
+use ursula_storage::fs::FileSystem;
+use ursula_storage::{StorageHealth, Wal, snapshot_file};
 
 use crate::codec::{self, SNAPSHOT_FORMAT, SnapshotHeader};
 use crate::listener::ApplyListener;
@@ -29,6 +30,9 @@ pub(crate) struct SnapshotStore {
     file: Mutex<FileState>,
     /// Size of the snapshot on disk, in bytes.
     bytes: AtomicU64,
+    /// The filesystem the WAL writes through, and where failures are reported.
+    fs: Arc<dyn FileSystem>,
+    health: Arc<StorageHealth>,
     /// Keeps the WAL (and so its directory lock) open while anything that may still write a
     /// snapshot lives, so that a node reopened on the same directory never races a snapshot
     /// write of a previous instance that was dropped without `shutdown`.
@@ -58,6 +62,8 @@ impl SnapshotStore {
                 closed: false,
             }),
             bytes: AtomicU64::new(bytes),
+            fs: Arc::clone(wal.fs()),
+            health: Arc::clone(wal.health()),
             _wal: wal,
         }
     }
@@ -71,6 +77,10 @@ impl SnapshotStore {
         self.file.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
     }
 
+    fn is_closed(&self) -> bool {
+        self.file.lock().unwrap_or_else(|e| e.into_inner()).closed
+    }
+
     /// Durably replaces the snapshot file (blocking).
     fn write(&self, last: Option<LogId>, payload: &[u8]) -> Result<(), String> {
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
@@ -80,7 +90,8 @@ impl SnapshotStore {
         if file.written.is_some() && last < file.written {
             return Ok(());
         }
-        snapshot_file::write_atomic(&self.path, payload).map_err(|e| e.to_string())?;
+        snapshot_file::write_atomic(self.fs.as_ref(), &self.path, payload)
+            .map_err(|e| e.to_string())?;
         file.written = last;
         self.bytes.store(payload.len() as u64, Ordering::Relaxed);
         tracing::debug!(group = self.group, bytes = payload.len(), last = ?last, "snapshot written");
@@ -89,7 +100,8 @@ impl SnapshotStore {
 
     /// Reads and decodes the snapshot file (blocking).
     fn read(&self) -> Result<Option<(SnapshotHeader, Vec<u8>)>, String> {
-        let Some(payload) = snapshot_file::read_checked(&self.path).map_err(|e| e.to_string())?
+        let Some(payload) =
+            snapshot_file::read_checked(self.fs.as_ref(), &self.path).map_err(|e| e.to_string())?
         else {
             return Ok(None);
         };
@@ -108,8 +120,12 @@ pub(crate) struct Loaded {
 }
 
 /// Loads `{path}` (blocking). A missing file is a fresh group.
-pub(crate) fn load_snapshot(group: u32, path: &std::path::Path) -> Result<Loaded, String> {
-    let Some(payload) = snapshot_file::read_checked(path).map_err(|e| e.to_string())? else {
+pub(crate) fn load_snapshot(
+    fs: &dyn FileSystem,
+    group: u32,
+    path: &std::path::Path,
+) -> Result<Loaded, String> {
+    let Some(payload) = snapshot_file::read_checked(fs, path).map_err(|e| e.to_string())? else {
         return Ok(Loaded {
             state: GroupState::new(group),
             last_applied: None,
@@ -361,22 +377,67 @@ pub struct SnapshotBuilder {
     snapshots: Arc<SnapshotStore>,
 }
 
+/// First and longest pause between attempts to write a snapshot file.
+const SNAPSHOT_RETRY_FIRST: Duration = Duration::from_millis(200);
+const SNAPSHOT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl SnapshotBuilder {
+    /// Writes the snapshot file, retrying with backoff until it succeeds: a failed snapshot
+    /// write (a full disk, a failed sync) must never stop the group (openraft treats a failed
+    /// build as fatal). The log is not purged meanwhile, so nothing is lost and writes go on;
+    /// the failure shows in readiness and metrics until a write succeeds. Gives up only when
+    /// the node shuts down.
+    async fn write_retrying(&self, payload: Vec<u8>) -> Result<Vec<u8>, StorageError> {
+        let store = Arc::clone(&self.snapshots);
+        let last = self.meta.last_log_id;
+        let mut payload = payload;
+        let mut delay = SNAPSHOT_RETRY_FIRST;
+        loop {
+            let s = Arc::clone(&store);
+            let (back, res) = tokio::task::spawn_blocking(move || {
+                let res = s.write(last, &payload);
+                (payload, res)
+            })
+            .await
+            .map_err(|e| snapshot_error(Some(&self.meta), e))?;
+            payload = back;
+            match res {
+                Ok(()) => {
+                    store.health.snapshot_ok(store.group);
+                    return Ok(payload);
+                }
+                Err(e) if store.is_closed() => return Err(snapshot_error(Some(&self.meta), e)),
+                Err(e) => {
+                    tracing::warn!(
+                        group = store.group,
+                        error = %e,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "writing a snapshot failed; retrying (the log is kept meanwhile)"
+                    );
+                    store.health.snapshot_failed(store.group, e);
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(SNAPSHOT_RETRY_MAX);
+                }
+            }
+        }
+    }
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let (header, state) = self
             .pending
             .take()
             .ok_or_else(|| snapshot_error(Some(&self.meta), "snapshot already built"))?;
-        let store = Arc::clone(&self.snapshots);
-        let last = self.meta.last_log_id;
         let payload = tokio::task::spawn_blocking(move || {
-            let payload = codec::encode_snapshot_of(&header, &state)?;
+            let payload = codec::encode_snapshot_of(&header, &state);
             drop(state);
-            store.write(last, &payload).map(|()| payload)
+            payload
         })
         .await
         .map_err(|e| snapshot_error(Some(&self.meta), e))?
         .map_err(|e| snapshot_error(Some(&self.meta), e))?;
+        let payload = self.write_retrying(payload).await?;
         tracing::info!(
             group = self.snapshots.group,
             last = ?self.meta.last_log_id,

@@ -80,6 +80,27 @@ impl App {
             Err(ProposeError::Unavailable(m)) => {
                 Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, m))
             }
+            Err(ProposeError::OutcomeUnknown(m)) => {
+                tracing::error!(group, error = %m, "a write's outcome is unknown");
+                Err(ApiError::new(
+                    ErrorCode::WRITE_OUTCOME_UNKNOWN,
+                    "the write reached the log but its sync failed, so it may or may not be \
+                     present after the node restarts; retry it with an idempotent producer \
+                     (Producer-Id, Producer-Epoch, Producer-Seq), or read the stream's tail \
+                     before retrying",
+                ))
+            }
+            Err(ProposeError::StorageUnavailable(m)) => Err(ApiError::new(
+                ErrorCode::STORAGE_UNAVAILABLE,
+                format!(
+                    "this node's storage failed ({m}); it takes no writes and restarts to \
+                     recover; nothing was written"
+                ),
+            )),
+            Err(ProposeError::InsufficientStorage(m)) => Err(ApiError::new(
+                ErrorCode::INSUFFICIENT_STORAGE,
+                format!("{m}; nothing was written"),
+            )),
             Err(e) => {
                 tracing::error!(group, error = %e, "proposal failed");
                 Err(ApiError::new(

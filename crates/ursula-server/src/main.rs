@@ -33,8 +33,29 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a node. With no flags: 127.0.0.1:4437, data in ./ursula-data, durable (fsync).
-    Server(ServerArgs),
+    Server(Box<ServerArgs>),
+    /// Repair a data directory whose WAL start-up refuses as corrupt: cut the WAL at its
+    /// first damage, keeping every whole batch before it, and report what was dropped. Run
+    /// only with the node stopped; data after the damage (acknowledged or not) is lost.
+    Repair(RepairArgs),
 }
+
+#[derive(clap::Args)]
+struct RepairArgs {
+    /// Data directory [default: ./ursula-data].
+    #[arg(long, env = "URSULA_DATA_DIR", default_value = "./ursula-data")]
+    data_dir: PathBuf,
+    /// Report what would be dropped without changing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// Exit status of a node that failed stop after a storage fault (`EX_TEMPFAIL`: a supervisor
+/// should restart it; recovery re-reads the disk).
+const EXIT_STORAGE_FAILED: i32 = 75;
+/// How long a failed node keeps answering (503s, readiness) before it exits, so that the
+/// answers to the writes in flight go out.
+const FAIL_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[derive(clap::Args)]
 struct ServerArgs {
@@ -152,7 +173,10 @@ fn init_tracing(format: &str) {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let Cmd::Server(args) = cli.cmd;
+    let args = match cli.cmd {
+        Cmd::Server(args) => *args,
+        Cmd::Repair(args) => return repair(&args),
+    };
     let (cfg, log_format) = args.into_config()?;
     init_tracing(&log_format);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -211,6 +235,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         t.spawn(&app);
     }
     app.spawn_upkeep();
+    tokio::spawn(fail_stop_on_storage_failure(node.clone()));
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();
         let stopped = async move {
@@ -227,6 +252,68 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     server::run(listener, app, shutdown_signal(), http::handle).await;
     node.shutdown().await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// Fail-stop (docs/storage.md): once the WAL failed (a sync or write error), the node takes no
+/// writes (`503 STORAGE_UNAVAILABLE`, readiness false) and, after a short grace, exits non-zero
+/// so that a supervisor restarts it and recovery re-reads what the disk really holds. A failed
+/// `fsync` cannot be retried in-process: the kernel may already have dropped the pages.
+async fn fail_stop_on_storage_failure(node: std::sync::Arc<ursula_raft::Node>) {
+    let reason = loop {
+        if let Some(r) = node.storage_health().failed() {
+            break r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    tracing::error!(
+        reason = %reason,
+        grace_ms = FAIL_STOP_GRACE.as_millis() as u64,
+        "storage failed: this node takes no more writes and exits so that a supervisor \
+         restarts it; recovery re-reads the disk (nothing acknowledged is lost)"
+    );
+    tokio::time::sleep(FAIL_STOP_GRACE).await;
+    eprintln!(
+        "ursula: fatal: storage failed ({reason}); exiting with status {EXIT_STORAGE_FAILED} \
+         for a restart"
+    );
+    std::process::exit(EXIT_STORAGE_FAILED);
+}
+
+/// `ursula repair`: cuts the WAL of `--data-dir` at its first damage and reports.
+#[allow(clippy::print_stdout, reason = "the report is the command's output")]
+fn repair(args: &RepairArgs) -> anyhow::Result<()> {
+    let wal_dir = args.data_dir.join("wal");
+    anyhow::ensure!(
+        wal_dir.is_dir(),
+        "{} has no wal directory",
+        args.data_dir.display()
+    );
+    let report = ursula_storage::repair(&wal_dir, args.dry_run)
+        .map_err(|e| anyhow::anyhow!("repair of {} failed: {e}", wal_dir.display()))?;
+    let verb = if report.dry_run {
+        "would drop"
+    } else {
+        "dropped"
+    };
+    if report.actions.is_empty() {
+        println!("wal is whole: nothing to repair");
+    }
+    for a in &report.actions {
+        println!("{verb}: {a}");
+    }
+    if !report.dry_run {
+        println!(
+            "kept {} records; the next record gets LSN {}",
+            report.records, report.next_lsn
+        );
+    }
+    if report.dropped_acknowledged() {
+        println!(
+            "warning: the dropped bytes followed damage start-up refuses: they may have held \
+             acknowledged writes"
+        );
+    }
     Ok(())
 }
 

@@ -9,8 +9,13 @@
 //! * [`chunk_object`]: the block-checksummed layout of cold chunk objects (pure).
 //! * [`cold`]: the cold tier's object store ([`cold::ColdStore`] over `object_store`: local
 //!   directory, S3, memory), its configuration, object framing, fault twin and conformance suite.
+//! * [`fs`]: the filesystem boundary under both, with a fault-injecting twin for tests.
+//! * [`health`]: what storage faults the node is going through (readiness, admission, metrics).
 //!
-//! ## WAL on-disk format (version 1)
+//! The per-fault policies (sync failure, full disk, snapshot failure) are described in
+//! `docs/storage.md` and in [`wal`]'s writer.
+//!
+//! ## WAL on-disk format (version 2; version 1 still read)
 //!
 //! All integers are little-endian. A WAL directory holds segment files named
 //! `wal-{first_lsn:020}.log` (e.g. `wal-00000000000000000001.log`) plus a `LOCK` file
@@ -21,11 +26,24 @@
 //! | offset | size | field                                    |
 //! |-------:|-----:|------------------------------------------|
 //! | 0      | 8    | magic `b"URSULAWL"`                      |
-//! | 8      | 4    | format version, `1`                      |
+//! | 8      | 4    | format version, `2` (or `1`)             |
 //! | 12     | 8    | first LSN of the segment (= file name)   |
 //! | 20     | 4    | crc32c of bytes 0..20                    |
 //!
-//! followed by records, each framed as:
+//! In a version-2 segment the records come in *batches*, one per write of the writer (one group
+//! commit), each preceded by a 24-byte batch header:
+//!
+//! | offset | size | field                                                            |
+//! |-------:|-----:|------------------------------------------------------------------|
+//! | 0      | 4    | tag `0xFFFFFFB1` (larger than any record length)                 |
+//! | 4      | 4    | byte length of the batch's records                               |
+//! | 8      | 8    | LSN of the first record                                          |
+//! | 16     | 4    | number of records (at least 1)                                   |
+//! | 20     | 4    | crc32c over every record's 8-byte prefix, then header bytes 0..20 |
+//!
+//! A batch is whole only if its header, every record and the batch checksum are valid; it is
+//! replayed or dropped as a unit. A version-1 segment holds bare records. Each record is framed
+//! as:
 //!
 //! | offset | size | field                                              |
 //! |-------:|-----:|----------------------------------------------------|
@@ -50,9 +68,12 @@
 //!
 //! Segments are read in LSN order.
 //!
-//! * In the **last** segment, a record that is incomplete, has an impossible length, or fails
-//!   its checksum is a *torn tail* (a write that was never acknowledged) when no valid record
-//!   with a plausible LSN follows it anywhere in the file. The file is truncated to the end of
+//! * In the **last** segment, a batch that is not whole is a *torn tail* (a write that was
+//!   never acknowledged: the writer syncs each batch before it writes the next) when no whole
+//!   batch with a plausible LSN follows it anywhere in the file; so any damage confined to the
+//!   last batch, such as a later page of it on disk and an earlier one not, is dropped. In a
+//!   version-1 segment the unit is the record: a bad record is torn when no valid record
+//!   follows it. The file is truncated to the end of
 //!   the last good record and fsynced. Trailing zeros (in any segment) are the unwritten part of
 //!   a preallocated segment and end the segment's records without truncation. A last segment whose
 //!   header is shorter than 24 bytes or entirely zero was torn while being created; its header
@@ -60,9 +81,12 @@
 //! * Everything else is [`wal::WalError::Corrupt`] (with file and offset): a bad record that is
 //!   followed by a valid record, a bad record in any earlier segment, a bad header (magic,
 //!   version, checksum, or first LSN not matching the file name), an LSN gap or a
-//!   non-increasing LSN, within or between segments.
+//!   non-increasing LSN, within or between segments. [`wal::repair`] (the `ursula repair`
+//!   command) cuts such damage away on an operator's request and reports what it dropped.
 //!
-//! A missing or empty directory is a fresh WAL whose first LSN is 1.
+//! The last segment is synced before it is read (and its cached pages dropped), so the tail a
+//! previous process left unsynced is durable, or the open fails, before anything of it is
+//! served. A missing or empty directory is a fresh WAL whose first LSN is 1.
 //!
 //! ## Snapshot file format (version 1)
 //!
@@ -79,8 +103,11 @@
 pub mod chunk_object;
 pub mod cold;
 mod format;
+pub mod fs;
+pub mod health;
 pub mod snapshot_file;
 pub mod wal;
 
 pub use format::MAX_PAYLOAD_LEN;
-pub use wal::{Lsn, Wal, WalError, WalOptions, WalRecord};
+pub use health::{FaultCounts, StorageHealth};
+pub use wal::{Lsn, RepairAction, RepairReport, Wal, WalError, WalOptions, WalRecord, repair};

@@ -5,11 +5,11 @@
 //! `<path>`, and the directory is fsynced, so readers see either the old or the new blob.
 
 use std::ffi::OsString;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::format::{read_u32, read_u64};
+use crate::fs::{FileSystem, OpenMode};
 use crate::wal::WalError;
 
 const MAGIC: [u8; 8] = *b"URSULASN";
@@ -33,8 +33,10 @@ fn parent_dir(path: &Path) -> &Path {
 const SYNC_PIECE_BYTES: usize = 2 << 20;
 
 /// Atomically replaces `path` with a checksummed blob holding `payload`:
-/// writes `path.tmp`, fsyncs it, renames it over `path`, and fsyncs the directory.
-pub fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), WalError> {
+/// writes `path.tmp`, fsyncs it, renames it over `path`, and fsyncs the directory. On any
+/// failure the temporary file is removed (a full disk needs its space back) and `path` is
+/// untouched.
+pub fn write_atomic(fs: &dyn FileSystem, path: &Path, payload: &[u8]) -> Result<(), WalError> {
     let mut header = [0u8; HEADER_LEN];
     header[0..8].copy_from_slice(&MAGIC);
     header[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -43,34 +45,36 @@ pub fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), WalError> {
 
     let tmp = tmp_path(path);
     let result = (|| -> io::Result<()> {
-        let mut file = File::create(&tmp)?;
-        file.write_all(&header)?;
+        let file = fs.open(&tmp, OpenMode::CreateTruncate)?;
+        file.write_all_at(&header, 0)?;
         // Sync as we go: a large blob written in one piece leaves tens of megabytes of dirty
         // pages, and the WAL's next fdatasync (every acknowledged write) would wait behind
         // their writeback. Piecewise, a WAL sync waits for at most one piece.
+        let mut at = HEADER_LEN as u64;
         let mut pieces = payload.chunks(SYNC_PIECE_BYTES).peekable();
         while let Some(piece) = pieces.next() {
-            file.write_all(piece)?;
+            file.write_all_at(piece, at)?;
+            at += piece.len() as u64;
             if pieces.peek().is_some() {
                 file.sync_data()?;
             }
         }
         file.sync_all()?;
         drop(file);
-        fs::rename(&tmp, path)?;
-        File::open(parent_dir(path))?.sync_all()
+        fs.rename(&tmp, path)?;
+        fs.sync_dir(parent_dir(path))
     })();
     if result.is_err() {
         // Best effort: do not leave a partial temp file behind.
-        let _ = fs::remove_file(&tmp);
+        let _ = fs.remove_file(&tmp);
     }
     Ok(result?)
 }
 
 /// Reads a blob written by [`write_atomic`]. `Ok(None)` if the file does not exist;
 /// [`WalError::Corrupt`] if the magic, version, length or checksum is wrong.
-pub fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, WalError> {
-    let mut data = match fs::read(path) {
+pub fn read_checked(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>, WalError> {
+    let mut data = match fs.read(path) {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e.into()),
@@ -123,6 +127,38 @@ pub fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, WalError> {
 #[allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 mod tests {
     use super::*;
+    use crate::fs::{EIO, ENOSPC, FaultOp, FaultyFs, RealFs};
+    use std::fs;
+
+    fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), WalError> {
+        super::write_atomic(&RealFs, path, payload)
+    }
+
+    fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, WalError> {
+        super::read_checked(&RealFs, path)
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_blob_and_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.bin");
+        write_atomic(&path, b"old").unwrap();
+        let fs = FaultyFs::new();
+        for (op, errno) in [
+            (FaultOp::Create, ENOSPC),
+            (FaultOp::Write, ENOSPC),
+            (FaultOp::Sync, EIO),
+            (FaultOp::Rename, EIO),
+        ] {
+            fs.fail(op, 1, 1, errno);
+            let err = super::write_atomic(&fs, &path, b"new").unwrap_err();
+            assert!(matches!(err, WalError::Io(_)), "{op:?}: {err}");
+            assert_eq!(read_checked(&path).unwrap().unwrap(), b"old", "{op:?}");
+            assert!(!tmp_path(&path).exists(), "{op:?}");
+        }
+        super::write_atomic(&fs, &path, b"new").unwrap();
+        assert_eq!(read_checked(&path).unwrap().unwrap(), b"new");
+    }
 
     #[test]
     fn round_trip_and_replace() {

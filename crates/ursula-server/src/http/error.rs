@@ -85,7 +85,10 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | LIVE_READ_BACKPRESSURE
         | LEADER_UNAVAILABLE
         | SERVICE_SHUTTING_DOWN
+        | WRITE_OUTCOME_UNKNOWN
+        | STORAGE_UNAVAILABLE
         | COLD_BACKPRESSURE => StatusCode::SERVICE_UNAVAILABLE,
+        INSUFFICIENT_STORAGE => StatusCode::INSUFFICIENT_STORAGE,
         COLD_STORE_FAILED => StatusCode::BAD_GATEWAY,
         COLD_STORE_NOT_CONFIGURED => StatusCode::NOT_IMPLEMENTED,
     }
@@ -109,6 +112,9 @@ pub fn render(err: ApiError) -> Response<Body> {
     );
     if status == StatusCode::SERVICE_UNAVAILABLE {
         hm.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    } else if status == StatusCode::INSUFFICIENT_STORAGE {
+        // errors.md §2.3: a full disk is not freed within a second.
+        hm.insert(http::header::RETRY_AFTER, HeaderValue::from_static("5"));
     }
     if let Some(allow) = err.allow {
         hm.insert(http::header::ALLOW, HeaderValue::from_static(allow));

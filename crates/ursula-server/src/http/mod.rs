@@ -153,7 +153,11 @@ async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
         },
         Route::List(bucket) => match method {
             Method::GET | Method::HEAD => bucket::list(app, &bucket, req.uri().query()),
-            _ => Err(method_not_allowed("GET, HEAD, OPTIONS")),
+            // Any other method addresses a stream named `streams`, a reserved ID (seed 003).
+            _ => Err(ApiError::new(
+                ErrorCode::INVALID_STREAM_ID,
+                "stream id \"streams\" is reserved",
+            )),
         },
         Route::Stream(target, None) => match method {
             Method::PUT => write::create(app, &target, req).await,

@@ -1,9 +1,9 @@
-//! Operational routes on the client plane: metrics and health.
+//! Operational routes on the client plane: metrics, liveness and readiness.
 
 use super::{ApiResult, not_found};
 use crate::app::App;
 use axum::body::Body;
-use http::{HeaderValue, Method, Response};
+use http::{HeaderValue, Method, Response, StatusCode};
 use std::sync::Arc;
 
 pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResult {
@@ -11,12 +11,74 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
         return Err(not_found());
     }
     let path: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let (status, body, ct) = match path.as_slice() {
+        ["metrics"] => (
+            StatusCode::OK,
+            app.metrics.json(&extra_metrics(app)).to_string(),
+            "application/json",
+        ),
+        ["metrics", "prometheus"] => (
+            StatusCode::OK,
+            app.metrics.prometheus(&extra_metrics(app)),
+            "text/plain; version=0.0.4",
+        ),
+        ["health"] => (
+            StatusCode::OK,
+            r#"{"status":"ok"}"#.to_owned(),
+            "application/json",
+        ),
+        ["ready"] => ready(app),
+        _ => return Err(not_found()),
+    };
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert("content-type", HeaderValue::from_static(ct));
+    Ok(r)
+}
+
+/// Why this node cannot do its job right now (cluster.md §9.2); empty when it can. Reads only
+/// flags and Raft metrics: it never waits on storage.
+pub fn not_ready_reasons(app: &App) -> Vec<String> {
+    let mut reasons = app.node.storage_health().reasons();
+    for g in app.node.leaderless_groups() {
+        reasons.push(format!("raft group {g} has no known leader"));
+    }
+    if *app.shutdown.borrow() {
+        reasons.push("shutting down".to_owned());
+    }
+    reasons
+}
+
+/// `GET /__ursula/ready`: `200 {"status":"ready"}`, or `503` with every reason (OQ-108).
+fn ready(app: &App) -> (StatusCode, String, &'static str) {
+    let reasons = not_ready_reasons(app);
+    if reasons.is_empty() {
+        return (
+            StatusCode::OK,
+            r#"{"status":"ready"}"#.to_owned(),
+            "application/json",
+        );
+    }
+    let body = serde_json::json!({ "status": "not_ready", "reasons": reasons }).to_string();
+    (StatusCode::SERVICE_UNAVAILABLE, body, "application/json")
+}
+
+/// Metrics read at scrape time: sizes, and one gauge or counter per storage fault.
+fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
     let groups = u64::from(app.node.group_count());
     let streams: u64 = (0..app.node.group_count())
         .map(|g| app.with_group(g, |gs| gs.streams.len() as u64))
         .sum();
     let watched = app.watchers.watched_streams() as u64;
-    let extra = [
+    let health = app.node.storage_health();
+    let faults = health.counts();
+    let reasons = not_ready_reasons(app);
+    let snapshot_failing = reasons
+        .iter()
+        .filter(|r| r.starts_with("snapshot write"))
+        .count() as u64;
+    vec![
         ("ursula_streams", "gauge", streams),
         ("ursula_raft_groups", "gauge", groups),
         ("ursula_live_watched_streams", "gauge", watched),
@@ -26,15 +88,34 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             app.node.wal_sync_count(),
         ),
         ("ursula_wal_disk_bytes", "gauge", app.node.wal_disk_bytes()),
-    ];
-    let (body, ct) = match path.as_slice() {
-        ["metrics"] => (app.metrics.json(&extra).to_string(), "application/json"),
-        ["metrics", "prometheus"] => (app.metrics.prometheus(&extra), "text/plain; version=0.0.4"),
-        ["health"] | ["ready"] => (r#"{"status":"ok"}"#.to_owned(), "application/json"),
-        _ => return Err(not_found()),
-    };
-    let mut r = Response::new(Body::from(body));
-    r.headers_mut()
-        .insert("content-type", HeaderValue::from_static(ct));
-    Ok(r)
+        ("ursula_ready", "gauge", u64::from(reasons.is_empty())),
+        (
+            "ursula_storage_failed",
+            "gauge",
+            u64::from(health.failed().is_some()),
+        ),
+        ("ursula_disk_full", "gauge", u64::from(health.disk_full())),
+        ("ursula_snapshot_failing_groups", "gauge", snapshot_failing),
+        (
+            "ursula_raft_groups_without_leader",
+            "gauge",
+            app.node.leaderless_groups().len() as u64,
+        ),
+        (
+            "ursula_wal_sync_failures_total",
+            "counter",
+            faults.sync_failures,
+        ),
+        (
+            "ursula_wal_write_failures_total",
+            "counter",
+            faults.write_failures,
+        ),
+        ("ursula_disk_full_events_total", "counter", faults.no_space),
+        (
+            "ursula_snapshot_write_failures_total",
+            "counter",
+            faults.snapshot_failures,
+        ),
+    ]
 }

@@ -138,12 +138,15 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
     }
     ids::validate_bucket(&first)
         .map_err(|e| ApiError::new(ErrorCode::INVALID_BUCKET_ID, e.to_string()))?;
-    if segs.len() == 1 || (segs.len() == 2 && segs[1].is_empty()) {
+    if segs.len() == 1 {
         return Ok(Route::Bucket(first.into_owned()));
     }
+    // `/{bucket}/` names the empty stream ID, which is invalid (seed 003: 1 to 122 bytes);
+    // `validate_stream` below refuses it with 400.
     let second =
         pct_decode_cow(segs[1]).ok_or_else(|| bad_stream("stream id is not valid UTF-8"))?;
-    if second == "__ds" {
+    if second == "__ds" && segs.len() > 2 {
+        // Subscription control routes of the bucket root (not served by this node).
         return Ok(Route::NotFound);
     }
     if segs.len() == 2 && second == "streams" {
@@ -241,6 +244,28 @@ mod tests {
         assert_eq!(
             route("/demo/%ff").err().map(|e| e.code()),
             Some(ErrorCode::INVALID_STREAM_ID)
+        );
+    }
+
+    #[test]
+    fn reserved_and_empty_stream_ids_are_invalid() {
+        // Seed 003: "streams is reserved. An invalid ID answers 400"; IDs are 1 to 122 bytes;
+        // README: stream IDs are not `streams` or `__ds`.
+        for path in ["/demo/", "/demo/__ds", "/demo/%5F_ds"] {
+            assert_eq!(
+                route(path).err().map(|e| e.code()),
+                Some(ErrorCode::INVALID_STREAM_ID),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            route("/demo/__ds/subscriptions/x").ok(),
+            Some(Route::NotFound)
+        );
+        // The listing stays a route of its own; methods other than GET/HEAD refuse the ID.
+        assert_eq!(
+            route("/demo/streams").ok(),
+            Some(Route::List("demo".into()))
         );
     }
 

@@ -272,6 +272,23 @@ impl Server {
         }
     }
 
+    /// Waits (bounded) for the process to exit by itself and returns its status; `None` if it
+    /// is still running after `timeout` (it is left running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let c = self.child.as_mut()?;
+            if let Ok(Some(st)) = c.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts the server again on the same data directory (SIGKILLs it first if it is
     /// still running). The address changes.
     pub fn restart(&mut self) {

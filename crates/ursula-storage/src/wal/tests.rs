@@ -1,7 +1,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
+use super::segment::{
+    list_segments as list_segments_in, parse_segment_file_name, segment_file_name,
+};
 use super::*;
-use crate::format::RECORD_OVERHEAD;
+use crate::format::{
+    BATCH_HEADER_LEN, RECORD_OVERHEAD, SEGMENT_HEADER_LEN, encode_record, encode_segment_header,
+    encode_segment_header_v1, encoded_len,
+};
+use std::fs;
+
+fn list_segments(dir: &Path) -> io::Result<Vec<(Lsn, PathBuf)>> {
+    list_segments_in(&RealFs, dir)
+}
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -114,7 +125,9 @@ async fn append_round_trip_and_lsn_continuity() {
     assert_eq!(wal.append(batch1.clone()).await.unwrap(), 3);
     assert_eq!(wal.append(vec![rec(9, 9, b"x")]).await.unwrap(), 4);
     assert_eq!(wal.append(vec![]).await.unwrap(), 4);
-    let expect_bytes = SEGMENT_HEADER_LEN as u64 + (4 * RECORD_OVERHEAD + 1 + 1000 + 1) as u64;
+    // Two batches (the empty append writes nothing), each with its header.
+    let expect_bytes = SEGMENT_HEADER_LEN as u64
+        + (2 * BATCH_HEADER_LEN + 4 * RECORD_OVERHEAD + 1 + 1000 + 1) as u64;
     assert_eq!(wal.disk_bytes(), expect_bytes);
     drop(wal); // dropping the last handle closes it
 
@@ -149,19 +162,19 @@ fn rotation_creates_named_segments_and_recovers() {
     let dir = tmp.path();
     let written = write_numbered(dir, 300, 40, 50);
     let files = segment_files(dir);
-    // 71-byte records, 24-byte header: 3 records per 300-byte segment.
-    assert_eq!(files.len(), 14);
+    // 71-byte records in 95-byte batches, 24-byte header: 2 appends per 300-byte segment.
+    assert_eq!(files.len(), 20);
     let mut first = 1u64;
     for f in &files {
         let name = f.file_name().unwrap().to_str().unwrap();
         assert_eq!(name, segment_file_name(first));
         assert!(fs::metadata(f).unwrap().len() <= 300);
-        first += 3;
+        first += 2;
     }
     let (wal, recs) = reopen(dir, 300).unwrap();
     assert_eq!(recs, written);
     assert_eq!(wal.disk_bytes(), files_total_bytes(dir));
-    assert_eq!(wal.segment_count(), 14);
+    assert_eq!(wal.segment_count(), 20);
     assert_eq!(append_blocking(&wal, vec![numbered(41, 50)]).unwrap(), 41);
     assert_eq!(wal.disk_bytes(), files_total_bytes(dir));
 }
@@ -202,7 +215,7 @@ fn torn_tail_at_every_byte_of_last_record() {
     assert!(files.len() >= 2);
     let last = files.last().unwrap().clone();
     let original = fs::read(&last).unwrap();
-    let last_start = original.len() - encoded_len(40);
+    let last_start = original.len() - encoded_len(40) - BATCH_HEADER_LEN;
     for cut in last_start..original.len() {
         fs::write(&last, &original[..cut]).unwrap();
         let (wal, recs) = reopen(dir, 400).unwrap();
@@ -286,7 +299,7 @@ fn flipped_byte_in_middle_record_is_corruption() {
     write_numbered(dir, 1 << 20, 5, 30);
     let last = segment_files(dir).pop().unwrap();
     let original = fs::read(&last).unwrap();
-    let rec_len = encoded_len(30);
+    let rec_len = encoded_len(30) + BATCH_HEADER_LEN;
     let second = SEGMENT_HEADER_LEN + rec_len;
     for i in second..second + rec_len {
         let mut bad = original.clone();
@@ -306,7 +319,7 @@ fn flipped_byte_in_sealed_segment_is_corruption() {
     let dir = tmp.path();
     write_numbered(dir, 300, 9, 50);
     let files = segment_files(dir);
-    assert_eq!(files.len(), 3);
+    assert_eq!(files.len(), 5);
     let first = &files[0];
     let original = fs::read(first).unwrap();
     // Even the last record of a sealed segment is protected.
@@ -383,7 +396,8 @@ fn non_increasing_or_skipping_lsn_is_corruption() {
     for lsns in [[1u64, 2, 2, 3], [1, 2, 4, 5], [1, 3, 2, 4], [2, 3, 4, 5]] {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let mut data = encode_segment_header(1).to_vec();
+        // Bare records: a version-1 segment, as data directories written before version 2 hold.
+        let mut data = encode_segment_header_v1(1).to_vec();
         let mut bad_at = None;
         for (i, lsn) in lsns.iter().enumerate() {
             if bad_at.is_none() && *lsn != i as u64 + 1 {
@@ -432,23 +446,26 @@ fn segment_torn_during_creation_is_repaired() {
 fn remove_segments_before_frees_only_sealed_fully_covered_segments() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let written = write_numbered(dir, 300, 20, 50); // segments start at 1,4,7,10,13,16,19
+    let written = write_numbered(dir, 300, 20, 50); // segments start at 1,3,5,...,19
     let (wal, _) = reopen(dir, 300).unwrap();
-    assert_eq!(wal.segment_count(), 7);
+    assert_eq!(wal.segment_count(), 10);
     let before = wal.disk_bytes();
 
-    // Segment 1..=3 holds LSN 3, which is not < 3.
-    assert_eq!(wal.remove_segments_before(3).unwrap(), 0);
-    // LSN 4: segment [1,3] is entirely below it.
-    let freed = wal.remove_segments_before(4).unwrap();
-    assert_eq!(freed, (SEGMENT_HEADER_LEN + 3 * encoded_len(50)) as u64);
+    // Segment 1..=2 holds LSN 2, which is not < 2.
+    assert_eq!(wal.remove_segments_before(2).unwrap(), 0);
+    // LSN 3: segment [1,2] is entirely below it.
+    let freed = wal.remove_segments_before(3).unwrap();
+    assert_eq!(
+        freed,
+        (SEGMENT_HEADER_LEN + 2 * (BATCH_HEADER_LEN + encoded_len(50))) as u64
+    );
     assert_eq!(wal.disk_bytes(), before - freed);
     assert_eq!(wal.disk_bytes(), files_total_bytes(dir));
-    // LSN 12 removes [4,6] and [7,9] but not [10,12].
+    // LSN 12 removes [3,4] up to [9,10] but not [11,12].
     wal.remove_segments_before(12).unwrap();
     assert_eq!(
         segment_files(dir)[0].file_name().unwrap().to_str().unwrap(),
-        segment_file_name(10)
+        segment_file_name(11)
     );
     // Never the active segment.
     wal.remove_segments_before(u64::MAX).unwrap();
@@ -735,7 +752,7 @@ proptest! {
 #[test]
 fn lsn_overflow_is_corruption_not_panic() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut data = encode_segment_header(u64::MAX).to_vec();
+    let mut data = encode_segment_header_v1(u64::MAX).to_vec();
     encode_record(&mut data, u64::MAX, 0, 0, b"last");
     fs::write(tmp.path().join(segment_file_name(u64::MAX)), &data).unwrap();
     assert_corrupt(reopen(tmp.path(), 1 << 20));

@@ -1,0 +1,151 @@
+//! The per-group batcher: packs queued proposals into one Raft entry and answers them.
+
+use super::*;
+
+/// Why a proposal that openraft refused at once failed: it was not logged.
+fn fatal_error(e: &Fatal<u64>) -> ProposeError {
+    match e {
+        Fatal::Stopped => ProposeError::Unavailable("the raft group stopped".into()),
+        Fatal::StorageError(e) => ProposeError::StorageUnavailable(e.to_string()),
+        Fatal::Panicked => ProposeError::Storage("the raft group panicked".into()),
+    }
+}
+
+/// Why a proposal openraft had accepted failed when its group's core stopped. A core stopped
+/// by a storage error (a WAL sync that failed) may have logged the proposal before the sync
+/// failed, so its outcome is unknown: it may reappear after the restart.
+fn stopped_error(raft: &Raft) -> ProposeError {
+    match &raft.metrics().borrow().running_state {
+        Err(Fatal::StorageError(e)) => ProposeError::OutcomeUnknown(e.to_string()),
+        Err(e) => fatal_error(e),
+        Ok(()) => ProposeError::Unavailable("the raft group stopped".into()),
+    }
+}
+
+/// Gathers a group's queued proposals into batches and submits them to openraft in order.
+pub(super) async fn run_batcher(
+    group: u32,
+    raft: Raft,
+    mut rx: mpsc::Receiver<Pending>,
+    mut stop: watch::Receiver<bool>,
+    health: Arc<ursula_storage::StorageHealth>,
+) {
+    let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
+    let mut stopping = false;
+    // A proposal taken from the queue that did not fit in the previous batch.
+    let mut carry: Option<Pending> = None;
+    loop {
+        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
+            break;
+        };
+        let first = if carry.is_some() {
+            carry.take()
+        } else if stopping {
+            rx.recv().await
+        } else {
+            tokio::select! {
+                m = rx.recv() => m,
+                _ = stop.changed() => {
+                    // Refuse new proposals, but finish the queued ones.
+                    stopping = true;
+                    rx.close();
+                    continue;
+                }
+            }
+        };
+        let Some(first) = first else { break };
+        // Let every task that is ready to run (HTTP connections parsing their requests) queue
+        // its proposal first, so that this batch carries all of them.
+        tokio::task::yield_now().await;
+        let mut bytes = first.size;
+        let mut cmds = vec![first.cmd];
+        let mut txs = vec![first.tx];
+        while cmds.len() < MAX_BATCH_COMMANDS {
+            match rx.try_recv() {
+                Ok(p) if bytes + p.size > MAX_BATCH_BYTES => {
+                    carry = Some(p);
+                    break;
+                }
+                Ok(p) => {
+                    bytes += p.size;
+                    cmds.push(p.cmd);
+                    txs.push(p.tx);
+                }
+                Err(_) => break,
+            }
+        }
+        match raft.client_write_ff(Batch(cmds)).await {
+            Ok(resp) => {
+                let raft = raft.clone();
+                let health = Arc::clone(&health);
+                tokio::spawn(async move {
+                    let result = resp.await;
+                    deliver(group, &raft, &health, result, txs);
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                let err = match health.failed() {
+                    Some(reason) => ProposeError::StorageUnavailable(reason),
+                    None => fatal_error(&e),
+                };
+                for tx in txs {
+                    let _ = tx.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+    // Wait for the batches still in flight.
+    let _ = inflight.acquire_many(MAX_INFLIGHT_BATCHES as u32).await;
+}
+
+type WriteResult = Result<
+    Result<
+        openraft::raft::ClientWriteResponse<crate::types::TypeConfig>,
+        ClientWriteError<u64, BasicNode>,
+    >,
+    oneshot::error::RecvError,
+>;
+
+fn deliver(
+    group: u32,
+    raft: &Raft,
+    health: &ursula_storage::StorageHealth,
+    result: WriteResult,
+    txs: Vec<oneshot::Sender<Result<Response, ProposeError>>>,
+) {
+    let err = match result {
+        Ok(Ok(resp)) => {
+            let responses = resp.data.0;
+            if responses.len() == txs.len() {
+                for (tx, r) in txs.into_iter().zip(responses) {
+                    let _ = tx.send(Ok(r));
+                }
+                return;
+            }
+            tracing::error!(
+                group,
+                expected = txs.len(),
+                got = responses.len(),
+                "state machine answered a batch with the wrong number of responses"
+            );
+            ProposeError::Storage("the state machine answered the wrong number of responses".into())
+        }
+        Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
+            ProposeError::Unavailable(match f.leader_id {
+                Some(l) => format!("this node does not lead group {group}; node {l} does"),
+                None => format!("group {group} has no leader"),
+            })
+        }
+        Ok(Err(e)) => ProposeError::Unavailable(e.to_string()),
+        // The core stopped with this batch accepted: if the WAL failed, the batch may have
+        // been in the failed sync (the core may report its error only after this).
+        Err(_) => match health.failed() {
+            Some(reason) => ProposeError::OutcomeUnknown(reason),
+            None => stopped_error(raft),
+        },
+    };
+    for tx in txs {
+        let _ = tx.send(Err(err.clone()));
+    }
+}

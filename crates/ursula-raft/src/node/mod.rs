@@ -1,0 +1,385 @@
+//! [`Node`]: every Raft group of this process over one WAL, and the proposal path.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, Fatal, InitializeError};
+use openraft::{BasicNode, ServerState, SnapshotPolicy};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use ursula_core::{Command, GroupState, Response};
+use ursula_storage::{Lsn, Wal, WalOptions};
+
+use crate::error::{ProposeError, RaftError};
+use crate::identity::{self, Identity};
+use crate::listener::ApplyListener;
+use crate::log_store::{GroupLog, LogInner, LogStore, Marks};
+use crate::network::SingleNodeNetwork;
+use crate::state_machine::{self, Loaded, SnapshotStore, StateMachine};
+use crate::types::{Batch, Raft};
+
+mod batcher;
+mod open;
+mod upkeep;
+
+use batcher::run_batcher;
+use open::{recover, start_groups};
+use upkeep::Upkeep;
+
+/// How long `open` waits for this node to lead (and catch up) every group.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upper bounds of one proposal batch (one Raft entry).
+const MAX_BATCH_COMMANDS: usize = 4096;
+const MAX_BATCH_BYTES: usize = 8 << 20;
+/// Largest command accepted (its approximate encoded size); a batch stays far below the WAL's
+/// record limit.
+const MAX_COMMAND_BYTES: usize = ursula_storage::MAX_PAYLOAD_LEN / 4;
+/// Batches of one group submitted to openraft and not yet answered. One is enough: the next
+/// batch gathers everything queued while the current one is being made durable.
+const MAX_INFLIGHT_BATCHES: usize = 1;
+/// Proposals queued per group before `propose` waits (back-pressure).
+const QUEUE_CAPACITY: usize = 16 * 1024;
+/// How often upkeep (segment GC, snapshot triggers) runs, besides right after a purge.
+const UPKEEP_INTERVAL: Duration = Duration::from_millis(500);
+/// A group whose retained log exceeds max(this, its last snapshot's size) is snapshotted.
+const SNAPSHOT_MIN_LOG_BYTES: u64 = 64 << 20;
+/// Upkeep triggers at most one snapshot per group per this interval.
+const SNAPSHOT_TRIGGER_BACKOFF: Duration = Duration::from_secs(1);
+/// How long `shutdown` waits for queued proposals to drain.
+const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Configuration of a [`Node`].
+#[derive(Clone)]
+pub struct NodeConfig {
+    /// Holds `node.toml`, `wal/` and `snapshots/`.
+    pub data_dir: PathBuf,
+    /// This node's Raft id (stable across restarts; recorded in `node.toml`).
+    pub node_id: u64,
+    /// Number of Raft groups; fixed for the life of the data directory.
+    pub group_count: u32,
+    /// WAL tuning.
+    pub wal: WalOptions,
+    /// A group snapshots (and then purges its log) once this many entries were applied since
+    /// its last snapshot.
+    pub snapshot_logs: u64,
+    /// Hears which streams each applied batch may have changed (live readers).
+    pub listener: Option<Arc<dyn ApplyListener>>,
+}
+
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("data_dir", &self.data_dir)
+            .field("node_id", &self.node_id)
+            .field("group_count", &self.group_count)
+            .field("wal", &self.wal)
+            .field("snapshot_logs", &self.snapshot_logs)
+            .field("listener", &self.listener.is_some())
+            .finish()
+    }
+}
+
+impl NodeConfig {
+    /// Defaults: node 1, 16 groups, default WAL options, snapshot every 20 000 entries.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        NodeConfig {
+            data_dir: data_dir.into(),
+            node_id: 1,
+            group_count: 16,
+            wal: WalOptions::default(),
+            snapshot_logs: 20_000,
+            listener: None,
+        }
+    }
+}
+
+struct Pending {
+    cmd: Command,
+    size: usize,
+    tx: oneshot::Sender<Result<Response, ProposeError>>,
+}
+
+struct Group {
+    raft: Raft,
+    state: Arc<RwLock<GroupState>>,
+    applied: watch::Receiver<u64>,
+    queue: mpsc::Sender<Pending>,
+    log: Arc<GroupLog>,
+    snapshots: Arc<SnapshotStore>,
+}
+
+/// A running node: one openraft instance per group, all logging to one WAL.
+pub struct Node {
+    node_id: u64,
+    groups: Vec<Group>,
+    wal: Wal,
+    closing: AtomicBool,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    shut_down: tokio::sync::Mutex<bool>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("node_id", &self.node_id)
+            .field("groups", &self.groups.len())
+            .field("wal", &self.wal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Opens (or creates) the data directory, recovers every group from its snapshot and the
+    /// WAL, starts the groups, initializes a single-voter membership on first boot, and waits
+    /// until this node leads every group and has applied its whole log.
+    pub async fn open(cfg: NodeConfig) -> Result<Arc<Node>, RaftError> {
+        if cfg.group_count == 0 {
+            return Err(RaftError::Config("group_count must be at least 1".into()));
+        }
+        if cfg.snapshot_logs == 0 {
+            return Err(RaftError::Config("snapshot_logs must be at least 1".into()));
+        }
+        let started = Instant::now();
+        let cfg2 = cfg.clone();
+        let rec = tokio::task::spawn_blocking(move || recover(&cfg2))
+            .await
+            .map_err(|e| RaftError::Internal(format!("recovery task failed: {e}")))??;
+        let wal = rec.wal.clone();
+        let mut started_groups = Vec::with_capacity(cfg.group_count as usize);
+        let (purged, head) = match start_groups(&cfg, rec, &mut started_groups).await {
+            Ok(r) => r,
+            Err(e) => {
+                for (raft, _) in &started_groups {
+                    let _ = raft.shutdown().await;
+                }
+                let stores: Vec<_> = started_groups
+                    .iter()
+                    .map(|(_, p)| Arc::clone(&p.snapshots))
+                    .collect();
+                let _ = tokio::task::spawn_blocking(move || {
+                    stores.iter().for_each(|s| s.close());
+                    wal.close();
+                })
+                .await;
+                return Err(e);
+            }
+        };
+
+        let (stop, _) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut groups = Vec::with_capacity(started_groups.len());
+        for (group, (raft, parts)) in started_groups.into_iter().enumerate() {
+            let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+            tasks.push(tokio::spawn(run_batcher(
+                group as u32,
+                raft.clone(),
+                rx,
+                stop.subscribe(),
+                Arc::clone(wal.health()),
+            )));
+            groups.push(Group {
+                raft,
+                state: parts.state,
+                applied: parts.applied,
+                queue: tx,
+                log: parts.log,
+                snapshots: parts.snapshots,
+            });
+        }
+        let upkeep = Upkeep {
+            wal: wal.clone(),
+            snapshot_logs: cfg.snapshot_logs,
+            head,
+            groups: groups
+                .iter()
+                .map(|g| (g.raft.clone(), Arc::clone(&g.log), Arc::clone(&g.snapshots)))
+                .collect(),
+            purged,
+        };
+        tasks.push(tokio::spawn(upkeep.run(stop.subscribe())));
+        let node = Node {
+            node_id: cfg.node_id,
+            groups,
+            wal,
+            closing: AtomicBool::new(false),
+            stop,
+            tasks: Mutex::new(tasks),
+            shut_down: tokio::sync::Mutex::new(false),
+        };
+        tracing::info!(
+            node_id = node.node_id,
+            groups = node.groups.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "raft node open"
+        );
+        Ok(Arc::new(node))
+    }
+
+    /// This node's Raft id.
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// Number of Raft groups.
+    pub fn group_count(&self) -> u32 {
+        self.groups.len() as u32
+    }
+
+    /// Replicates `cmd` in `group` and returns what [`GroupState::apply`] answered, once the
+    /// entry is durable, committed and applied.
+    ///
+    /// Concurrent proposals to a group are batched into one Raft entry (they share the WAL
+    /// fsync with each other and with other groups' appends). If the returned future is dropped
+    /// after the command was queued, the command may still be applied.
+    pub async fn propose(&self, group: u32, cmd: Command) -> Result<Response, ProposeError> {
+        let g = self
+            .groups
+            .get(group as usize)
+            .ok_or(ProposeError::NoSuchGroup(group))?;
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(ProposeError::Unavailable(
+                "the node is shutting down".into(),
+            ));
+        }
+        // Storage faults are refused here, before anything reaches the log: these writes
+        // change nothing (see docs/storage.md).
+        let health = self.wal.health();
+        if let Some(reason) = health.failed() {
+            return Err(ProposeError::StorageUnavailable(reason));
+        }
+        if health.disk_full() {
+            return Err(ProposeError::InsufficientStorage(
+                "the disk is full; writes resume by themselves once space is free".into(),
+            ));
+        }
+        let size = approx_size(&cmd);
+        if size > MAX_COMMAND_BYTES {
+            return Err(ProposeError::TooLarge {
+                size,
+                max: MAX_COMMAND_BYTES,
+            });
+        }
+        let (tx, rx) = oneshot::channel();
+        g.queue
+            .send(Pending { cmd, size, tx })
+            .await
+            .map_err(|_| ProposeError::Unavailable("the node is shutting down".into()))?;
+        rx.await.unwrap_or_else(|_| {
+            Err(ProposeError::Unavailable(
+                "the group stopped before the proposal completed".into(),
+            ))
+        })
+    }
+
+    /// The state of `group`, as last applied. Readers take the read lock; only the group's state
+    /// machine writes.
+    ///
+    /// # Panics
+    /// If `group >= self.group_count()`.
+    pub fn state(&self, group: u32) -> &Arc<RwLock<GroupState>> {
+        &self.groups[group as usize].state
+    }
+
+    /// The last applied log index of `group`; changes after every applied batch.
+    ///
+    /// # Panics
+    /// If `group >= self.group_count()`.
+    pub fn applied(&self, group: u32) -> watch::Receiver<u64> {
+        self.groups[group as usize].applied.clone()
+    }
+
+    /// The openraft handle of `group` (metrics, and later membership changes and RPCs).
+    ///
+    /// # Panics
+    /// If `group >= self.group_count()`.
+    pub fn raft(&self, group: u32) -> &Raft {
+        &self.groups[group as usize].raft
+    }
+
+    /// Bytes of WAL segment files on disk.
+    pub fn wal_disk_bytes(&self) -> u64 {
+        self.wal.disk_bytes()
+    }
+
+    /// What the node's storage is going through (faults, a full disk), for readiness and
+    /// metrics.
+    pub fn storage_health(&self) -> &Arc<ursula_storage::StorageHealth> {
+        self.wal.health()
+    }
+
+    /// Groups that have no known leader right now (readiness).
+    pub fn leaderless_groups(&self) -> Vec<u32> {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| g.raft.metrics().borrow().current_leader.is_none())
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
+    /// Number of WAL data syncs since open.
+    pub fn wal_sync_count(&self) -> u64 {
+        self.wal.sync_count()
+    }
+
+    /// Stops accepting proposals, lets queued ones finish, stops every group and closes the WAL.
+    /// Idempotent.
+    pub async fn shutdown(&self) {
+        let mut done = self.shut_down.lock().await;
+        if *done {
+            return;
+        }
+        self.closing.store(true, Ordering::SeqCst);
+        self.stop.send_replace(true);
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for task in tasks {
+            if tokio::time::timeout(SHUTDOWN_DRAIN_TIMEOUT, task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("a raft node task did not stop in time");
+            }
+        }
+        for (group, g) in self.groups.iter().enumerate() {
+            // Bounded: a core waiting on a WAL write that a full disk holds cannot stop until
+            // the WAL is closed below (which fails that write).
+            match tokio::time::timeout(SHUTDOWN_DRAIN_TIMEOUT, g.raft.shutdown()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(group, error = %e, "raft group did not shut down cleanly")
+                }
+                Err(_) => tracing::warn!(group, "raft group did not stop in time"),
+            }
+        }
+        // A snapshot build may still be running (openraft spawns it); let it finish writing and
+        // refuse later ones, so nothing touches the directory once `shutdown` returns.
+        let stores: Vec<_> = self
+            .groups
+            .iter()
+            .map(|g| Arc::clone(&g.snapshots))
+            .collect();
+        let wal = self.wal.clone();
+        let closed = tokio::task::spawn_blocking(move || {
+            for s in stores {
+                s.close();
+            }
+            wal.close();
+        });
+        if let Err(e) = closed.await {
+            tracing::warn!(error = %e, "closing the wal failed");
+        }
+        *done = true;
+        tracing::info!(node_id = self.node_id, "raft node shut down");
+    }
+}
+
+/// Size used to bound batches: every command's variable-size data counts, including
+/// snapshot blobs (up to 128 MiB) and the message index a fork inherits.
+fn approx_size(cmd: &Command) -> usize {
+    64 + cmd.op.payload_len()
+}

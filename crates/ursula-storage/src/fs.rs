@@ -1,0 +1,186 @@
+//! The filesystem boundary under the WAL and the snapshot files.
+//!
+//! Everything the WAL and [`crate::snapshot_file`] do to disk goes through [`FileSystem`] and
+//! the [`FsFile`] handles it opens: the real implementation ([`RealFs`]) calls `std::fs`, and
+//! [`FaultyFs`] wraps it to fail the Nth write, sync, rename, allocation or creation with
+//! `EIO` or `ENOSPC`, so that every storage-fault policy has a unit test.
+//!
+//! The WAL holds the boundary as `Arc<dyn FileSystem>` and its active segment as
+//! `Box<dyn FsFile>`. On the hot path that is two indirect calls per *batch* (one write, one
+//! `fdatasync`), each next to a system call that costs microseconds, so it is free in practice;
+//! encoding a record (per append) never crosses it.
+
+mod faulty;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub use faulty::{EIO, ENOSPC, FaultOp, FaultyFs};
+
+/// How [`FileSystem::open`] opens a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// An existing file, for writing.
+    Write,
+    /// Create if missing, keep what is there.
+    CreateKeep,
+    /// Create if missing, truncate to zero length.
+    CreateTruncate,
+}
+
+/// An open file of a [`FileSystem`]. Positional writes only: the WAL always knows its offset.
+pub trait FsFile: Send + Sync + std::fmt::Debug {
+    /// Writes all of `buf` at `offset`.
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+    /// `fsync`.
+    fn sync_all(&self) -> io::Result<()>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Whether the file is empty.
+    fn is_empty(&self) -> io::Result<bool> {
+        Ok(self.len()? == 0)
+    }
+    /// Allocates `[from, to)` by writing zeros over it (so later writes there change no
+    /// metadata); with `sync_each`, syncs after every megabyte. Counted as one *allocation*.
+    fn zero_fill(&self, from: u64, to: u64, sync_each: bool) -> io::Result<()>;
+}
+
+/// The operations the WAL and snapshot files need from a filesystem.
+pub trait FileSystem: Send + Sync + std::fmt::Debug {
+    /// Opens a file for writing.
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>>;
+    /// Reads a whole file.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Reads a whole file *from the disk*: first makes whatever an earlier process left in the
+    /// page cache durable (`fsync`, an error is returned), then drops the file's cached pages,
+    /// so the bytes returned are the ones the disk holds, not pages whose write-back failed.
+    fn read_durable(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Renames `from` over `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Deletes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Creates a directory and its parents.
+    fn create_dir_all(&self, path: &Path) -> io::Result<()>;
+    /// Makes a directory's entries durable.
+    fn sync_dir(&self, path: &Path) -> io::Result<()>;
+    /// The paths of the entries of a directory.
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>>;
+    /// Whether `path` exists.
+    fn exists(&self, path: &Path) -> io::Result<bool>;
+    /// Bytes an unprivileged writer can still allocate on the filesystem holding `path`.
+    fn available_bytes(&self, path: &Path) -> io::Result<u64>;
+}
+
+/// Whether `e` means the filesystem is full (`ENOSPC`, or `EDQUOT` for a quota).
+pub fn is_no_space(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// The operating system's filesystem.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealFs;
+
+#[derive(Debug)]
+struct RealFile(File);
+
+impl FsFile for RealFile {
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn zero_fill(&self, from: u64, to: u64, sync_each: bool) -> io::Result<()> {
+        let chunk = vec![0u8; 1 << 20];
+        let mut at = from;
+        while at < to {
+            let n = chunk
+                .len()
+                .min(usize::try_from(to - at).unwrap_or(chunk.len()));
+            self.0.write_all_at(&chunk[..n], at)?;
+            at += n as u64;
+            if sync_each {
+                self.0.sync_data()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FileSystem for RealFs {
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>> {
+        let mut o = OpenOptions::new();
+        o.write(true);
+        match mode {
+            OpenMode::Write => {}
+            OpenMode::CreateKeep => {
+                o.create(true).truncate(false);
+            }
+            OpenMode::CreateTruncate => {
+                o.create(true).truncate(true);
+            }
+        }
+        Ok(Box::new(RealFile(o.open(path)?)))
+    }
+
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+
+    fn read_durable(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let mut file = OpenOptions::new().read(true).write(true).open(path)?;
+        file.sync_all()?;
+        // Best effort: some filesystems ignore the advice; the sync above is what matters.
+        let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
+        let mut data = Vec::new();
+        file.read_to_end(&mut data)?;
+        Ok(data)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        fs::create_dir_all(path)
+    }
+
+    fn sync_dir(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_all()
+    }
+
+    fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
+        fs::read_dir(path)?.map(|e| e.map(|e| e.path())).collect()
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        path.try_exists()
+    }
+
+    fn available_bytes(&self, path: &Path) -> io::Result<u64> {
+        let st = rustix::fs::statvfs(path)?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
+    }
+}

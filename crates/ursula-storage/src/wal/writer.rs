@@ -1,0 +1,395 @@
+//! The WAL's writer thread: group commit, rotation, and the storage-fault policies.
+//!
+//! * A failed **sync** (or a write that fails with anything but a full disk) poisons the WAL:
+//!   the batch it covered completes with [`WalError::SyncFailed`] (its outcome is unknown: the
+//!   bytes may or may not be on disk), every later append with [`WalError::Poisoned`], and
+//!   [`StorageHealth::failed`] is set. The writer never retries a failed sync: after a failed
+//!   `fsync` the kernel may have dropped the dirty pages, so a retry that succeeds proves
+//!   nothing. The node fails stop and recovery re-reads the disk.
+//! * A write, allocation or file creation that fails because the **disk is full** holds the
+//!   batch and retries it (the same bytes at the same offset) with backoff until it succeeds,
+//!   with [`StorageHealth::disk_full`] set meanwhile so that the node refuses new writes with
+//!   `507` before they reach the log. The prepared next segment is deleted on the first
+//!   failure, to give its space back.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use super::segment::{
+    ActiveSegment, PREPARED_SEGMENT_NAME, adopt_segment, create_segment, has_room,
+    preallocate_active,
+};
+use super::{CommittedBatch, Completion, Lsn, Msg, SealedSegment, Shared, WalError, WalRecord};
+use crate::format::{
+    BATCH_HEADER_LEN, SEGMENT_HEADER_LEN, encode_record, encoded_len, finish_batch_header,
+};
+use crate::fs::is_no_space;
+
+/// Initial capacity of the writer's batch buffer.
+pub(super) const INITIAL_BUF_CAPACITY: usize = 1 << 20;
+/// The writer stops draining the queue once a batch holds this many bytes, and commits.
+const MAX_BATCH_BYTES: usize = 16 << 20;
+/// A batch buffer that grew beyond this (one huge record) is released after the commit.
+const MAX_RETAINED_BUF_CAPACITY: usize = 32 << 20;
+/// First and longest pause between retries of a write that found the disk full.
+const NO_SPACE_FIRST_RETRY: Duration = Duration::from_millis(20);
+const NO_SPACE_MAX_RETRY: Duration = Duration::from_millis(500);
+
+/// A failed storage operation, and whether it was a sync (which is never retried).
+#[derive(Debug)]
+pub(super) struct Failure {
+    err: io::Error,
+    sync: bool,
+}
+
+impl Failure {
+    fn write(err: io::Error) -> Self {
+        Failure { err, sync: false }
+    }
+    fn sync(err: io::Error) -> Self {
+        Failure { err, sync: true }
+    }
+    fn no_space(&self) -> bool {
+        !self.sync && is_no_space(&self.err)
+    }
+}
+
+impl From<io::Error> for Failure {
+    fn from(err: io::Error) -> Self {
+        Failure::write(err)
+    }
+}
+
+pub(super) struct Writer {
+    pub shared: Arc<Shared>,
+    pub rx: Receiver<Msg>,
+    pub segment_bytes: u64,
+    pub reserve_bytes: u64,
+    pub active: ActiveSegment,
+    /// LSN the next encoded record gets.
+    pub next_lsn: Lsn,
+    /// Encoded records not yet written to `active` (in a batched segment, after a reserved
+    /// batch header).
+    pub buf: Vec<u8>,
+    /// Records in `buf`, the LSN of the first, and the running checksum of their prefixes.
+    pub batch_count: u32,
+    pub batch_first_lsn: Lsn,
+    pub batch_crc: u32,
+    /// Requests of the current batch with the LSN of their last record.
+    pub pending: Vec<(Completion, Lsn)>,
+    /// Committed batches go here when completions run on a runtime (`WalOptions::deliver_on`).
+    pub deliver: Option<tokio::sync::mpsc::UnboundedSender<CommittedBatch>>,
+    pub poisoned: Option<String>,
+    /// Set when the current batch failed fatally: its requests complete with `SyncFailed`.
+    pub batch_failed: Option<String>,
+    /// A zero-filled file being prepared for the next segment (see `prepare_segment`).
+    pub next_segment: Option<JoinHandle<io::Result<std::path::PathBuf>>>,
+    /// Holds the directory lock for as long as the writer runs.
+    pub _lock: std::fs::File,
+}
+
+impl Writer {
+    pub(super) fn run(mut self) {
+        self.prepare_next();
+        loop {
+            let Ok(first) = self.rx.recv() else {
+                break; // every handle dropped
+            };
+            #[cfg(test)]
+            let gate = Arc::clone(&self.shared);
+            #[cfg(test)]
+            let _gate = gate.gate.lock().unwrap_or_else(|e| e.into_inner());
+
+            // Let the threads that feed us (on a busy core: the ones we just preempted) queue
+            // what they have ready, so that one sync commits all of it.
+            thread::yield_now();
+            let mut closing = self.handle(first);
+            while !closing && self.buf.len() < MAX_BATCH_BYTES {
+                match self.rx.try_recv() {
+                    Ok(msg) => closing = self.handle(msg),
+                    Err(_) => break,
+                }
+            }
+            self.commit();
+            if closing {
+                break;
+            }
+        }
+        // A closed WAL touches no file any more: a WAL opened next on the same directory
+        // (in this process) must not race a preparation of ours on `wal-next.prepared`.
+        if let Some(h) = self.next_segment.take() {
+            let _ = h.join();
+        }
+        self.shared.closed.store(true, Ordering::SeqCst);
+        // Requests still queued are dropped with the receiver and complete with `Closed`.
+    }
+
+    /// Encodes one request into the batch. Returns true on `Close`.
+    fn handle(&mut self, msg: Msg) -> bool {
+        let (records, done) = match msg {
+            Msg::Close => return true,
+            Msg::Append { records, done } => (records, done),
+        };
+        if let Some(reason) = &self.poisoned {
+            done.complete(Err(WalError::Poisoned(reason.clone())));
+            return false;
+        }
+        if records.is_empty() {
+            self.pending.push((done, self.next_lsn.saturating_sub(1)));
+            return false;
+        }
+        if self.next_lsn.checked_add(records.len() as u64).is_none() {
+            done.complete(Err(WalError::Poisoned("LSN space exhausted".into())));
+            return false;
+        }
+        let bytes: u64 = records
+            .iter()
+            .map(|r| encoded_len(r.payload.len()) as u64)
+            .sum::<u64>()
+            + BATCH_HEADER_LEN as u64;
+        let used = self.active.len + self.buf.len() as u64;
+        if used > SEGMENT_HEADER_LEN as u64
+            && used.saturating_add(bytes) > self.segment_bytes
+            && let Err(f) = self.retry_no_space(Self::rotate)
+        {
+            self.pending.push((done, 0));
+            self.fail(&f);
+            return false;
+        }
+        self.encode(&records, bytes as usize);
+        self.pending.push((done, self.next_lsn - 1));
+        false
+    }
+
+    /// Appends `records` (`bytes` long, with room for a batch header) to the batch.
+    fn encode(&mut self, records: &[WalRecord], bytes: usize) {
+        if self.batch_count == 0 {
+            self.buf.clear();
+            if self.active.batched {
+                self.buf.resize(BATCH_HEADER_LEN, 0);
+            }
+            self.batch_first_lsn = self.next_lsn;
+            self.batch_crc = 0;
+        }
+        self.buf.reserve(bytes);
+        for r in records {
+            let prefix = encode_record(&mut self.buf, self.next_lsn, r.group, r.kind, &r.payload);
+            self.batch_crc = crc32c::crc32c_append(self.batch_crc, &prefix);
+            self.next_lsn += 1;
+            self.batch_count += 1;
+        }
+    }
+
+    /// Runs `op` until it does not fail for lack of space: a full disk holds the writer (and
+    /// the batch) instead of failing it. Gives up only when the WAL is being closed.
+    fn retry_no_space(
+        &mut self,
+        op: impl Fn(&mut Self) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        let mut delay = NO_SPACE_FIRST_RETRY;
+        let mut stalled = false;
+        loop {
+            match op(self) {
+                Err(f) if f.no_space() && !self.shared.closed.load(Ordering::SeqCst) => {
+                    if !stalled {
+                        stalled = true;
+                        tracing::warn!(error = %f.err, path = %self.active.path.display(), "wal: disk full; holding the batch and retrying until space is free");
+                        self.shared.health.set_stalled(true);
+                        self.discard_prepared();
+                    }
+                    thread::sleep(delay);
+                    delay = (delay * 2).min(NO_SPACE_MAX_RETRY);
+                }
+                res => {
+                    if stalled {
+                        self.shared.health.set_stalled(false);
+                        if res.is_ok() {
+                            tracing::info!("wal: space is free again; writes resume");
+                        }
+                    }
+                    return res;
+                }
+            }
+        }
+    }
+
+    /// Writes the buffered batch to the active segment with one write and syncs it. A failed
+    /// write keeps the batch (a retry writes the same bytes at the same offset); after a
+    /// successful write the batch is gone and a failed sync is final.
+    fn flush(&mut self) -> Result<(), Failure> {
+        if self.batch_count == 0 {
+            self.buf.clear();
+            return Ok(());
+        }
+        if self.active.batched {
+            finish_batch_header(
+                &mut self.buf,
+                0,
+                self.batch_first_lsn,
+                self.batch_count,
+                self.batch_crc,
+            );
+        }
+        self.active
+            .file
+            .write_all_at(&self.buf, self.active.len)
+            .map_err(Failure::write)?;
+        let written = self.buf.len() as u64;
+        self.buf.clear();
+        self.batch_count = 0;
+        self.active.len += written;
+        self.shared.disk_bytes.fetch_add(written, Ordering::SeqCst);
+        if self.shared.fsync {
+            self.active.file.sync_data().map_err(Failure::sync)?;
+        }
+        self.shared.sync_count.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Seals the active segment (flushing what is buffered for it) and starts a new one whose
+    /// first record is `next_lsn`. Safe to repeat after a failure.
+    fn rotate(&mut self) -> Result<(), Failure> {
+        self.flush()?;
+        let fs = Arc::clone(&self.shared.fs);
+        let dir = self.shared.dir.clone();
+        let ready = match self.next_segment.take() {
+            Some(h) if h.is_finished() => h.join().ok().and_then(Result::ok),
+            Some(h) => {
+                self.next_segment = Some(h);
+                None
+            }
+            None => None,
+        };
+        let new = match ready {
+            Some(prepared) => adopt_segment(
+                fs.as_ref(),
+                &dir,
+                &prepared,
+                self.next_lsn,
+                self.shared.fsync,
+            )?,
+            None => {
+                let seg = create_segment(fs.as_ref(), &dir, self.next_lsn, self.shared.fsync)?;
+                if self.shared.fsync {
+                    preallocate_active(
+                        fs.as_ref(),
+                        &dir,
+                        &seg,
+                        self.segment_bytes,
+                        self.reserve_bytes,
+                    )?;
+                }
+                seg
+            }
+        };
+        self.prepare_next();
+        self.shared.disk_bytes.fetch_add(new.len, Ordering::SeqCst);
+        let old = std::mem::replace(&mut self.active, new);
+        // Give back the preallocated space the sealed segment did not use.
+        if let Err(e) = old.file.set_len(old.len) {
+            tracing::warn!(error = %e, path = %old.path.display(), "wal: could not trim a sealed segment");
+        }
+        self.shared.sealed().push_back(SealedSegment {
+            end_lsn: self.next_lsn,
+            path: old.path,
+            bytes: old.len,
+        });
+        Ok(())
+    }
+
+    /// Starts zero-filling the next segment in the background, so that rotating to it is a
+    /// rename and every later `fdatasync` only has data to flush: writing inside an allocated,
+    /// already-written file changes no metadata, which halves the IOs per sync on ext4.
+    /// Skipped when it would take the space kept in reserve: preallocation never takes the last
+    /// free space.
+    fn prepare_next(&mut self) {
+        if !self.shared.fsync || self.next_segment.is_some() {
+            return;
+        }
+        let fs = Arc::clone(&self.shared.fs);
+        let dir = self.shared.dir.clone();
+        let len = self.segment_bytes;
+        if !has_room(fs.as_ref(), &dir, len, self.reserve_bytes) {
+            tracing::info!("wal: not preparing the next segment: free space is low");
+            return;
+        }
+        let path = dir.join(PREPARED_SEGMENT_NAME);
+        self.next_segment = thread::Builder::new()
+            .name("ursula-wal-prep".into())
+            .spawn(move || super::segment::prepare_segment(fs.as_ref(), &path, len).map(|()| path))
+            .ok();
+    }
+
+    /// Deletes the prepared next segment (if it is ready) to give its space back to a full disk.
+    fn discard_prepared(&mut self) {
+        match self.next_segment.take() {
+            Some(h) if h.is_finished() => {
+                if let Ok(Ok(path)) = h.join() {
+                    match self.shared.fs.remove_file(&path) {
+                        Ok(()) => {
+                            tracing::info!("wal: deleted the prepared next segment to free space")
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "wal: could not delete the prepared next segment")
+                        }
+                    }
+                }
+            }
+            other => self.next_segment = other,
+        }
+    }
+
+    /// Makes the batch durable and completes every request in it.
+    fn commit(&mut self) {
+        if self.poisoned.is_none()
+            && let Err(f) = self.retry_no_space(Self::flush)
+        {
+            self.fail(&f);
+        }
+        if self.poisoned.is_some() {
+            self.buf.clear();
+            self.batch_count = 0;
+        }
+        let empty = self.pending.is_empty();
+        let failed = self.batch_failed.take();
+        let results = self.pending.drain(..).map(|(done, lsn)| {
+            let res = match &failed {
+                Some(reason) => Err(WalError::SyncFailed(reason.clone())),
+                None => Ok(lsn),
+            };
+            (done, res)
+        });
+        match &self.deliver {
+            Some(tx) if !empty => {
+                if let Err(returned) = tx.send(results.collect()) {
+                    // The runtime is gone: complete here, with the true results, from now on.
+                    self.deliver = None;
+                    for (done, res) in returned.0 {
+                        done.complete(res);
+                    }
+                }
+            }
+            Some(_) => {} // nothing to hand over: don't wake the runtime
+            None => results.for_each(|(done, res)| done.complete(res)),
+        }
+        if self.buf.capacity() > MAX_RETAINED_BUF_CAPACITY {
+            self.buf = Vec::with_capacity(INITIAL_BUF_CAPACITY);
+        }
+    }
+
+    /// The WAL failed for good: refuse every later append and tell the node (fail-stop).
+    fn fail(&mut self, f: &Failure) {
+        let what = if f.sync { "sync" } else { "write" };
+        let reason = format!("{what} of {} failed: {}", self.active.path.display(), f.err);
+        tracing::error!(error = %f.err, path = %self.active.path.display(), "wal {what} failed; refusing further appends");
+        self.shared.health.set_failed(reason.clone(), f.sync);
+        self.poisoned = Some(reason.clone());
+        self.batch_failed = Some(reason);
+        self.buf.clear();
+        self.batch_count = 0;
+    }
+}
