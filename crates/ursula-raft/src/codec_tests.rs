@@ -207,6 +207,35 @@ fn golden_layouts_of_the_fixed_records() {
     assert_eq!(e, want);
 }
 
+/// The membership entry a fresh single-voter group writes (node 1 at `127.0.0.1:4437`), as
+/// hex. openraft's serde layout of `Membership` is part of the entry format: an upgrade that
+/// changed it would fail here (then: a new entry format with a frozen copy of the old layout).
+const MEMBERSHIP_ENTRY_HEX: &str = concat!(
+    "82020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
+    "00000000000000010000000000000001000000000000000e000000000000003132372e302e302e313a34343337"
+);
+
+fn to_hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn golden_membership_entry() {
+    let m = crate::types::Membership::new(
+        vec![BTreeSet::from([1u64])],
+        BTreeMap::from([(1u64, BasicNode::new("127.0.0.1:4437"))]),
+    );
+    let e = encode_entry(&Entry {
+        log_id: lid(0, 0),
+        payload: EntryPayload::Membership(m),
+    })
+    .unwrap();
+    assert_eq!(to_hex(&e), MEMBERSHIP_ENTRY_HEX);
+    // Format 1 (no version byte) reads to the same entry.
+    let back = decode_entry(&e[1..]).unwrap();
+    assert_eq!(encode_entry(&back).unwrap(), e);
+}
+
 #[test]
 fn unknown_entry_formats_and_tags_are_refused() {
     let enc = encode_entry(&normal(lid(1, 1), vec![])).unwrap();

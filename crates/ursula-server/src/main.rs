@@ -188,7 +188,7 @@ fn main() -> anyhow::Result<()> {
 async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let started = std::time::Instant::now();
-    let cold = cold::open(&cfg).await?;
+    let cold_store = cold::open(&cfg).await?;
     let watchers = watchers::Watchers::new(cfg.group_count);
     let node = ursula_raft::Node::open(ursula_raft::NodeConfig {
         data_dir: cfg.data_dir.clone(),
@@ -248,7 +248,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             http::admin::handle,
         ));
     }
-    let _cold_probe = cold.map(|c| cold::spawn_probe(c, &cfg_probe));
+    let _cold_probe = cold_store.map(|c| cold::spawn_probe(c, &cfg_probe));
     server::run(listener, app, shutdown_signal(), http::handle).await;
     node.shutdown().await;
     tracing::info!("stopped");

@@ -141,8 +141,8 @@ pub struct LocalConfig {
     pub shared: bool,
 }
 
-/// `[storage.cold.s3]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[storage.cold.s3]`. Its `Debug` output hides the secret key and the session token.
+#[derive(Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct S3Config {
     /// Bucket. Required for `s3`.
@@ -172,6 +172,26 @@ pub struct S3Config {
     /// Health-probe timeout. Default: `2s`.
     #[serde(deserialize_with = "duration")]
     pub probe_timeout: Duration,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |v: &Option<String>| v.as_ref().map(|_| "<hidden>");
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("endpoint", &self.endpoint)
+            .field("path_style", &self.path_style)
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &hidden(&self.secret_access_key))
+            .field("session_token", &hidden(&self.session_token))
+            .field("server_side_encryption", &self.server_side_encryption)
+            .field("kms_key_id", &self.kms_key_id)
+            .field("timeout", &self.timeout)
+            .field("max_retries", &self.max_retries)
+            .field("probe_timeout", &self.probe_timeout)
+            .finish()
+    }
 }
 
 impl Default for S3Config {
@@ -523,6 +543,10 @@ mod tests {
         assert_eq!(c.s3.timeout, Duration::from_millis(500));
         assert!(c.local.shared);
         assert_eq!(c.s3.server_side_encryption, Encryption::Aes256);
+        let secret: ColdConfig =
+            toml::from_str("[s3]\naccess_key_id = \"id\"\nsecret_access_key = \"hunter2\"\n")
+                .unwrap();
+        assert!(!format!("{secret:?}").contains("hunter2"));
         let kms: ColdConfig = toml::from_str(
             "backend = \"s3\"\n[s3]\nbucket = \"b\"\nserver_side_encryption = \"none\"\nkms_key_id = \"k\"\n",
         )

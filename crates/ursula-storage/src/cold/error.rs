@@ -16,7 +16,8 @@ pub enum ColdError {
     /// Another precondition of the request failed.
     #[error("precondition failed for cold object {key}")]
     Precondition { key: String },
-    /// The range is empty, reversed or reaches past the object's `size`.
+    /// The range is empty, reversed or reaches past the object's `size` (`size` is 0 for an
+    /// empty or reversed range, which is refused without asking the store).
     #[error("range {start}..{end} is outside cold object {key} of {size} bytes")]
     InvalidRange {
         key: String,
