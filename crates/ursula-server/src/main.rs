@@ -227,7 +227,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         ..cfg
     };
     let cfg_probe = cfg.storage.cold.clone();
-    let tiering = cold
+    let tiering = cold_store
         .clone()
         .map(|store| tiering::Tiering::new(store, cfg.tiering(), cfg.group_count));
     let app = app::App::new(node.clone(), cfg, watchers, tiering.clone());
