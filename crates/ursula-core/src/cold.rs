@@ -306,6 +306,15 @@ impl crate::group::GroupState {
         }
     }
 
+    /// Bytes of the group's streams that live in the cold tier (referenced, not deleted).
+    pub fn cold_bytes(&self) -> u64 {
+        self.streams
+            .values()
+            .flat_map(|s| s.cold.iter())
+            .map(|c| c.end - c.start)
+            .sum()
+    }
+
     /// Hot bytes over all streams of the group.
     pub fn hot_bytes(&self) -> u64 {
         self.streams.values().map(StreamState::hot_len).sum()

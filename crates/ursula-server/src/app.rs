@@ -145,7 +145,9 @@ impl App {
                         pin_id: item.pin_id,
                     };
                     let ok = app.propose_upkeep(src_group, unpin).await
-                        && app.propose_upkeep(group, Op::OutboxDone { id: item.id }).await;
+                        && app
+                            .propose_upkeep(group, Op::OutboxDone { id: item.id })
+                            .await;
                     failed |= !ok;
                 }
                 if failed {
@@ -165,12 +167,38 @@ impl App {
         self.propose(group, op).await.is_ok()
     }
 
-    /// `503 COLD_BACKPRESSURE` when `incoming` more bytes would take `group`'s hot bytes
-    /// past their bound; always admits on a node without a cold tier.
-    pub fn admit_hot(&self, group: u32, incoming: u64) -> Result<(), ApiError> {
-        match &self.tiering {
-            Some(t) => t.admit(group, incoming),
-            None => Ok(()),
+    /// `503 COLD_BACKPRESSURE` when `bytes` more would take the stream's group past its
+    /// bound of hot bytes (cluster.md §6.6). A retry of a producer's accepted append is never
+    /// refused for it (it adds nothing). Always admits on a node without a cold tier.
+    pub fn admit_hot(
+        &self,
+        key: &StreamKey,
+        producer: Option<&ursula_core::command::ProducerHdr>,
+        bytes: u64,
+    ) -> Result<(), ApiError> {
+        let Some(t) = &self.tiering else {
+            return Ok(());
+        };
+        let refused = t.admit(self.group_of(key), bytes);
+        if refused.is_err()
+            && let Some(p) = producer
+        {
+            let retry = self.with_stream(key, |s| {
+                s.producers
+                    .get(&p.id)
+                    .is_some_and(|st| st.epoch == p.epoch && p.seq <= st.last_seq)
+            });
+            if retry == Some(true) {
+                return Ok(());
+            }
+        }
+        refused
+    }
+
+    /// Counts bytes a write added to its group's hot tier.
+    pub fn note_hot(&self, key: &StreamKey, bytes: u64) {
+        if let Some(t) = &self.tiering {
+            t.note_written(self.group_of(key), bytes);
         }
     }
 

@@ -147,7 +147,11 @@ impl Tiering {
         let Some(_busy) = self.claim(group) else {
             return 0;
         };
-        let min = if force { 1 } else { self.cfg.flush_min_hot_size };
+        let min = if force {
+            1
+        } else {
+            self.cfg.flush_min_hot_size
+        };
         let planned = app.with_group(group, |g| {
             let hot = g.hot_bytes();
             if let Some(c) = self.hot.get(group as usize) {
@@ -228,7 +232,10 @@ impl Tiering {
             object_len: total,
             slices,
         };
-        match app.propose_upkeep(group, Op::ColdFlush(Box::new(req))).await {
+        match app
+            .propose_upkeep(group, Op::ColdFlush(Box::new(req)))
+            .await
+        {
             true => {
                 if let Some(c) = self.hot.get(group as usize) {
                     let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
@@ -237,7 +244,12 @@ impl Tiering {
                 }
                 inc(&self.metrics.flushes, 1);
                 inc(&self.metrics.flushed_bytes, total);
-                tracing::debug!(group, object = id.0, bytes = total, "flushed to the cold tier");
+                tracing::debug!(
+                    group,
+                    object = id.0,
+                    bytes = total,
+                    "flushed to the cold tier"
+                );
                 total
             }
             false => {
@@ -299,11 +311,69 @@ impl Tiering {
         }
     }
 
-    /// Hot bytes of `group`, as admission sees them.
-    pub fn hot_estimate(&self, group: u32) -> u64 {
-        self.hot
-            .get(group as usize)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+    /// The cold tier's metrics, read at scrape time (exact hot and cold sizes come from
+    /// one short read of each group's state).
+    pub fn metrics(&self, app: &App) -> Vec<(&'static str, &'static str, u64)> {
+        let (mut hot, mut cold, mut objects, mut queued) = (0, 0, 0, 0);
+        for g in 0..app.node.group_count() {
+            app.with_group(g, |gs| {
+                hot += gs.hot_bytes();
+                cold += gs.cold_bytes();
+                objects += gs.cold.objects.len() as u64;
+                queued += gs.cold.gc.len() as u64;
+            });
+        }
+        let m = &self.metrics;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("ursula_hot_bytes", "gauge", hot),
+            ("ursula_cold_bytes", "gauge", cold),
+            ("ursula_cold_objects", "gauge", objects),
+            ("ursula_cold_gc_queued_objects", "gauge", queued),
+            ("ursula_cold_flushes_total", "counter", get(&m.flushes)),
+            (
+                "ursula_cold_flushed_bytes_total",
+                "counter",
+                get(&m.flushed_bytes),
+            ),
+            (
+                "ursula_cold_flush_errors_total",
+                "counter",
+                get(&m.flush_errors),
+            ),
+            (
+                "ursula_cold_gc_deleted_total",
+                "counter",
+                get(&m.gc_deleted),
+            ),
+            ("ursula_cold_gc_errors_total", "counter", get(&m.gc_errors)),
+            ("ursula_cold_reads_total", "counter", get(&m.cold_reads)),
+            (
+                "ursula_cold_read_bytes_total",
+                "counter",
+                get(&m.cold_read_bytes),
+            ),
+            (
+                "ursula_cold_read_errors_total",
+                "counter",
+                get(&m.cold_read_errors),
+            ),
+            (
+                "ursula_cold_store_calls_total",
+                "counter",
+                get(&m.store_calls),
+            ),
+            (
+                "ursula_cold_store_micros_total",
+                "counter",
+                get(&m.store_micros),
+            ),
+            (
+                "ursula_cold_backpressure_total",
+                "counter",
+                get(&m.backpressured),
+            ),
+        ]
     }
 
     /// Appends the bytes of one cold piece to `out`, checked block by block.

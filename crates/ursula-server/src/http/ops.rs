@@ -78,7 +78,7 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
         .iter()
         .filter(|r| r.starts_with("snapshot write"))
         .count() as u64;
-    vec![
+    let mut out = vec![
         ("ursula_streams", "gauge", streams),
         ("ursula_raft_groups", "gauge", groups),
         ("ursula_live_watched_streams", "gauge", watched),
@@ -117,5 +117,9 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
             "counter",
             faults.snapshot_failures,
         ),
-    ]
+    ];
+    if let Some(t) = &app.tiering {
+        out.extend(t.metrics(app));
+    }
+    out
 }

@@ -117,6 +117,7 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         fork: None,
     };
     let group = app.group_of(&target.key);
+    app.admit_hot(&target.key, cr.producer.as_ref(), cr.payload.len() as u64)?;
     let loc = location(app, &parts.uri, hm, target);
     let Some(f) = fork else {
         return match app.propose(group, Op::Create(Box::new(cr))).await? {
@@ -249,6 +250,7 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         ));
     }
     let bytes = payload.len() as u64;
+    app.admit_hot(&target.key, producer.as_ref(), bytes)?;
     let op = Op::Append(Box::new(AppendReq {
         key: target.key.clone(),
         content_type: ct,
@@ -265,6 +267,7 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
             if a.appended && !a.duplicate {
                 inc(&app.metrics.appends, 1);
                 inc(&app.metrics.appended_bytes, bytes);
+                app.note_hot(&target.key, bytes);
             }
             Ok(render::appended(&a))
         }

@@ -1,0 +1,294 @@
+//! The cold tier on the real binary (cluster.md §6): streams larger than the hot bound move
+//! to the default `local` cold store and read back byte-exact across tiers (catch-up, forks,
+//! after SIGKILL and restart); hot bytes stay bounded (`503 COLD_BACKPRESSURE` while a flush
+//! is due); retention lets GC delete objects; a store that fails answers cold reads with
+//! `502 COLD_STORE_FAILED` while hot reads and writes go on, and heals when it comes back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
+
+mod common;
+
+use common::{Server, assert_error, off20, wait_until};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const OCTET: &str = "application/octet-stream";
+
+/// A node with a small hot tier: flushes at 64 KiB per group, at most 512 KiB hot per group.
+fn start(dir: &Path) -> Server {
+    let cfg = dir.join("ursula.toml");
+    if !cfg.exists() {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(
+            &cfg,
+            "[storage.cold]\n\
+             backend = \"local\"\n\
+             flush_size = \"64KiB\"\n\
+             max_hot_size_per_group = \"512KiB\"\n\
+             flush_interval = \"50ms\"\n\
+             gc_interval = \"100ms\"\n",
+        )
+        .unwrap();
+    }
+    Server::start_in_with_args(
+        &dir.join("data"),
+        &["--config", cfg.to_str().unwrap(), "--group-count", "2"],
+    )
+}
+
+fn pattern(stream: u8, start: usize, len: usize) -> Vec<u8> {
+    (start..start + len)
+        .map(|i| (i as u8).wrapping_mul(7) ^ stream ^ ((i >> 9) as u8))
+        .collect()
+}
+
+/// Appends `body`, retrying (bounded) while the group answers `503 COLD_BACKPRESSURE`.
+fn append(s: &Server, path: &str, body: &[u8]) -> u32 {
+    let mut refused = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = s.post(path, OCTET, body);
+        if r.status == 204 || r.status == 200 {
+            return refused;
+        }
+        assert_error(&r, 503, "COLD_BACKPRESSURE");
+        assert_eq!(r.header("retry-after"), Some("1"));
+        refused += 1;
+        assert!(Instant::now() < deadline, "backpressure never lifted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn metric(s: &Server, name: &str) -> u64 {
+    s.metrics()[name].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn streams_larger_than_the_hot_tier_read_back_exact_across_tiers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = start(tmp.path());
+    let mut want: Vec<Vec<u8>> = vec![Vec::new(); 3];
+    for (i, w) in want.iter_mut().enumerate() {
+        assert_eq!(s.put(&format!("/cold/s{i}"), OCTET, b"").status, 201);
+        let _ = w;
+    }
+    // 3 streams x 40 appends of 16 KiB: 1.9 MiB, far above the 512 KiB hot bound per group.
+    let mut refused = 0;
+    for round in 0..40 {
+        for (i, w) in want.iter_mut().enumerate() {
+            let body = pattern(i as u8, w.len(), 16 * 1024 + round);
+            refused += append(&s, &format!("/cold/s{i}"), &body);
+            w.extend_from_slice(&body);
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(&s, "cold_bytes")
+            > 1 << 20),
+        "nothing was flushed: {}",
+        s.metrics()
+    );
+    let hot = metric(&s, "hot_bytes");
+    assert!(
+        hot <= 2 * 512 * 1024 + 64 * 1024,
+        "hot bytes unbounded: {hot}"
+    );
+    assert!(metric(&s, "cold_flushes_total") > 0);
+    eprintln!("backpressure answers while writing: {refused}");
+
+    for (i, w) in want.iter().enumerate() {
+        let (got, next) = s.read_all(&format!("/cold/s{i}"));
+        assert_eq!(next, w.len() as u64);
+        assert!(got == *w, "stream s{i} differs after the flush");
+    }
+    assert!(
+        metric(&s, "cold_reads_total") > 0,
+        "no read reached the cold tier"
+    );
+
+    // A read that starts inside a cold chunk and ends in the hot tail.
+    let mid = want[1].len() / 3;
+    let r = s.get(&format!("/cold/s1?offset={}", off20(mid as u64)));
+    assert_eq!(r.status, 200);
+    assert!(r.body[..] == want[1][mid..mid + r.body.len()]);
+
+    // A fork of a flushed stream reads its inherited bytes from the cold tier.
+    let r = s.req(
+        "PUT",
+        "/cold/fork",
+        &[("Stream-Forked-From", "/cold/s2"), ("Content-Type", OCTET)],
+        b"",
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let (fork, _) = s.read_all("/cold/fork");
+    assert!(fork == want[2], "the fork's inherited bytes differ");
+
+    // SIGKILL and restart: the replicated state holds references, the bytes are in objects.
+    s.kill9();
+    let mut s = start(tmp.path());
+    for (i, w) in want.iter().enumerate() {
+        let (got, _) = s.read_all(&format!("/cold/s{i}"));
+        assert!(got == *w, "stream s{i} differs after a restart");
+    }
+    // Writes go on after the restart.
+    let more = pattern(0, want[0].len(), 1000);
+    append(&s, "/cold/s0", &more);
+    want[0].extend_from_slice(&more);
+    let (got, _) = s.read_all("/cold/s0");
+    assert!(got == want[0]);
+    s.terminate();
+}
+
+#[test]
+fn retention_and_deletes_let_gc_remove_cold_objects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = start(tmp.path());
+    assert_eq!(s.put("/gcbk/a", OCTET, b"").status, 201);
+    let mut want = Vec::new();
+    for _ in 0..48 {
+        let body = pattern(9, want.len(), 16 * 1024);
+        append(&s, "/gcbk/a", &body);
+        want.extend_from_slice(&body);
+    }
+    assert!(wait_until(Duration::from_secs(20), || metric(
+        &s,
+        "cold_objects"
+    ) >= 3));
+    let objects = metric(&s, "cold_objects");
+    let chunk_files = || count_files(&tmp.path().join("data/cold"));
+    let files_before = chunk_files();
+    assert!(files_before >= objects as usize);
+
+    // Retain the newest quarter: objects wholly below it become garbage and are deleted.
+    let keep = (want.len() / 4 * 3) as u64;
+    let snap = s.req(
+        "PUT",
+        &format!("/gcbk/a/snapshot/{}", off20(keep)),
+        &[("Content-Type", OCTET)],
+        b"state",
+    );
+    assert_eq!(snap.status, 204, "{}", snap.text());
+    let r = s.req(
+        "PUT",
+        &format!("/gcbk/a/retention/{}", off20(keep)),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(
+            &s,
+            "cold_gc_deleted_total"
+        ) > 0
+            && chunk_files() < files_before),
+        "GC deleted nothing: {}",
+        s.metrics()
+    );
+    let r = s.get(&format!("/gcbk/a?offset={}", off20(keep)));
+    assert_eq!(r.status, 200);
+    assert!(r.body[..] == want[keep as usize..keep as usize + r.body.len()]);
+    let r = s.get(&format!("/gcbk/a?offset={}", off20(keep - 1)));
+    assert_eq!(r.status, 410);
+
+    // Deleting the stream releases every object it referenced.
+    assert_eq!(s.delete("/gcbk/a").status, 204);
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(&s, "cold_objects") == 0
+            && metric(&s, "cold_gc_queued_objects") == 0),
+        "objects left after delete: {}",
+        s.metrics()
+    );
+}
+
+fn count_files(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            if e.path().is_dir() {
+                count_files(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn a_failing_cold_store_fails_cold_reads_only_and_heals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = start(tmp.path());
+    assert_eq!(s.put("/fail/a", OCTET, b"").status, 201);
+    let mut want = Vec::new();
+    for _ in 0..16 {
+        let body = pattern(3, want.len(), 16 * 1024);
+        append(&s, "/fail/a", &body);
+        want.extend_from_slice(&body);
+    }
+    assert!(wait_until(Duration::from_secs(20), || metric(
+        &s,
+        "cold_bytes"
+    ) >= 128 * 1024));
+    // The store goes away: its directory is replaced by a file, so neither reads nor
+    // uploads (which would create missing directories) can succeed.
+    let cold = tmp.path().join("data/cold");
+    let away = tmp.path().join("cold.away");
+    std::fs::rename(&cold, &away).unwrap();
+    std::fs::write(&cold, b"not a directory").unwrap();
+
+    let r = s.get(&format!("/fail/a?offset={}", off20(0)));
+    assert_error(&r, 502, "COLD_STORE_FAILED");
+    // The hot tail still reads, and writes are still taken (below the hot bound).
+    let tail = want.len() as u64;
+    let r = s.post("/fail/a", OCTET, b"hot");
+    assert_eq!(r.status, 204, "{}", r.text());
+    want.extend_from_slice(b"hot");
+    let r = s.get(&format!("/fail/a?offset={}", off20(tail)));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, b"hot");
+
+    // Writes go on until the hot bound, then answer 503 COLD_BACKPRESSURE: nothing can
+    // be flushed.
+    let mut refused = None;
+    for i in 0..200 {
+        let body = pattern(3, want.len(), 16 * 1024);
+        let r = s.post("/fail/a", OCTET, &body);
+        if r.status == 503 {
+            assert_error(&r, 503, "COLD_BACKPRESSURE");
+            assert_eq!(r.header("retry-after"), Some("1"));
+            refused = Some(i);
+            break;
+        }
+        assert_eq!(r.status, 204, "{}", r.text());
+        want.extend_from_slice(&body);
+    }
+    assert!(refused.is_some(), "the hot tier grew without bound");
+    assert!(metric(&s, "cold_flush_errors_total") > 0);
+    let r = s.get(&format!("/fail/a?offset={}", off20(tail)));
+    assert_eq!(r.status, 200, "hot reads must go on during backpressure");
+
+    // The store comes back: flushes catch up and writes are taken again, no restart.
+    std::fs::remove_file(&cold).unwrap();
+    std::fs::rename(&away, &cold).unwrap();
+    let body = pattern(3, want.len(), 1000);
+    append(&s, "/fail/a", &body);
+    want.extend_from_slice(&body);
+    let (got, _) = s.read_all("/fail/a");
+    assert!(got == want, "bytes differ once the store is back");
+}
+
+#[test]
+fn a_node_without_a_cold_backend_keeps_everything_hot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Server::start_in_with_args(&tmp.path().join("data"), &["--cold-backend", "none"]);
+    assert_eq!(s.put("/none/a", OCTET, b"").status, 201);
+    let mut want = Vec::new();
+    for _ in 0..8 {
+        let body = pattern(5, want.len(), 64 * 1024);
+        assert_eq!(s.post("/none/a", OCTET, &body).status, 204);
+        want.extend_from_slice(&body);
+    }
+    let (got, _) = s.read_all("/none/a");
+    assert!(got == want);
+    assert!(s.metrics().get("cold_bytes").is_none());
+}
