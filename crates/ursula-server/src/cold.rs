@@ -51,9 +51,14 @@ async fn probe(store: &dyn ColdStore, cfg: &ColdConfig) -> Result<(), String> {
     }
 }
 
-/// Probes the store every [`PROBE_INTERVAL`] and logs when its health changes. The task ends
-/// when the returned guard is dropped.
-pub fn spawn_probe(store: Arc<dyn ColdStore>, cfg: &ColdConfig) -> ProbeGuard {
+/// Probes the store every [`PROBE_INTERVAL`], logs when its health changes and reports every
+/// outcome to `report` (`Some(reason)` while it fails). The task ends when the returned guard
+/// is dropped.
+pub fn spawn_probe(
+    store: Arc<dyn ColdStore>,
+    cfg: &ColdConfig,
+    report: impl Fn(Option<String>) + Send + 'static,
+) -> ProbeGuard {
     let cfg = cfg.clone();
     let task = tokio::spawn(async move {
         let mut healthy = true;
@@ -61,7 +66,9 @@ pub fn spawn_probe(store: Arc<dyn ColdStore>, cfg: &ColdConfig) -> ProbeGuard {
         tick.tick().await;
         loop {
             tick.tick().await;
-            match (probe(store.as_ref(), &cfg).await, healthy) {
+            let outcome = probe(store.as_ref(), &cfg).await;
+            report(outcome.as_ref().err().cloned());
+            match (outcome, healthy) {
                 (Err(e), true) => {
                     healthy = false;
                     tracing::warn!(error = %e, "cold store became unreachable");

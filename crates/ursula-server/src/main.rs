@@ -248,7 +248,15 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             http::admin::handle,
         ));
     }
-    let _cold_probe = cold_store.map(|c| cold::spawn_probe(c, &cfg_probe));
+    let _cold_probe = match (cold_store, &tiering) {
+        (Some(c), Some(t)) => {
+            let t = t.clone();
+            Some(cold::spawn_probe(c, &cfg_probe, move |r| {
+                t.health.set_probe(r)
+            }))
+        }
+        _ => None,
+    };
     server::run(listener, app, shutdown_signal(), http::handle).await;
     node.shutdown().await;
     tracing::info!("stopped");

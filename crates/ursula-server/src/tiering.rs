@@ -11,8 +11,8 @@ use crate::app::App;
 use crate::http::error::ApiError;
 use crate::metrics::inc;
 use bytes::Bytes;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ursula_core::ErrorCode;
 use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
@@ -69,11 +69,48 @@ pub struct TierMetrics {
     pub store_calls: AtomicU64,
 }
 
+/// Whether the cold store works, as the node last saw it: from the background probe and from
+/// the outcome of real operations (a failed flush or read counts until one succeeds).
+#[derive(Debug, Default)]
+pub struct ColdHealth {
+    probe: Mutex<Option<String>>,
+    ops: Mutex<Option<String>>,
+}
+
+impl ColdHealth {
+    /// The probe's outcome. A store that answers the probe again also clears the failure
+    /// of an earlier operation (nothing else may retry soon enough to clear it).
+    pub fn set_probe(&self, failing: Option<String>) {
+        if failing.is_none() {
+            self.set_ops(None);
+        }
+        *self.probe.lock().unwrap_or_else(|e| e.into_inner()) = failing;
+    }
+
+    fn set_ops(&self, failing: Option<String>) {
+        let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+        if ops.is_some() != failing.is_some() {
+            match &failing {
+                Some(e) => tracing::warn!(error = %e, "cold store failing"),
+                None => tracing::info!("cold store working again"),
+            }
+        }
+        *ops = failing;
+    }
+
+    /// Why the cold store is unhealthy, if it is (a readiness reason, cluster.md §9.2).
+    pub fn reason(&self) -> Option<String> {
+        let probe = self.probe.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        probe.or_else(|| self.ops.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+}
+
 /// The cold tier of a node with a cold backend.
 pub struct Tiering {
     pub store: Arc<dyn ColdStore>,
     pub cfg: TierConfig,
     pub metrics: TierMetrics,
+    pub health: ColdHealth,
     /// Per group: a flush or GC pass is running (one at a time per group, so a flush always
     /// starts where the previous one ended).
     busy: Vec<AtomicBool>,
@@ -110,6 +147,7 @@ impl Tiering {
             store,
             cfg,
             metrics: TierMetrics::default(),
+            health: ColdHealth::default(),
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
         })
@@ -219,7 +257,9 @@ impl Tiering {
                 Err(ColdError::AlreadyExists { .. }) => next += 1,
                 Err(e) => {
                     inc(&self.metrics.flush_errors, 1);
-                    tracing::warn!(group, error = %e, "cold flush upload failed; will retry");
+                    tracing::debug!(group, error = %e, "cold flush upload failed; will retry");
+                    self.health
+                        .set_ops(Some(format!("flush upload failed: {e}")));
                     return 0;
                 }
             }
@@ -227,6 +267,7 @@ impl Tiering {
         let Some(id) = uploaded else {
             return 0;
         };
+        self.health.set_ops(None);
         let req = FlushReq {
             object: id,
             object_len: total,
@@ -287,7 +328,8 @@ impl Tiering {
                 Ok(()) | Err(ColdError::NotFound { .. }) => done.push(id),
                 Err(e) => {
                     inc(&self.metrics.gc_errors, 1);
-                    tracing::warn!(group, error = %e, "cold GC delete failed; will retry");
+                    tracing::debug!(group, error = %e, "cold GC delete failed; will retry");
+                    self.health.set_ops(Some(format!("delete failed: {e}")));
                     break;
                 }
             }
@@ -327,6 +369,11 @@ impl Tiering {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         vec![
             ("ursula_hot_bytes", "gauge", hot),
+            (
+                "ursula_cold_store_healthy",
+                "gauge",
+                u64::from(self.health.reason().is_none()),
+            ),
             ("ursula_cold_bytes", "gauge", cold),
             ("ursula_cold_objects", "gauge", objects),
             ("ursula_cold_gc_queued_objects", "gauge", queued),
@@ -396,9 +443,11 @@ impl Tiering {
             .await
             .map_err(|e| {
                 inc(&self.metrics.cold_read_errors, 1);
-                tracing::warn!(group, object = object.0, error = %e, "cold read failed");
+                tracing::debug!(group, object = object.0, error = %e, "cold read failed");
+                self.health.set_ops(Some(format!("read failed: {e}")));
                 cold_failed(&e)
             })?;
+        self.health.set_ops(None);
         layout.extract(&fetched, pos, len, out).map_err(|e| {
             inc(&self.metrics.cold_read_errors, 1);
             tracing::error!(group, object = object.0, error = %e, "cold object is corrupt");

@@ -44,6 +44,11 @@ pub fn not_ready_reasons(app: &App) -> Vec<String> {
     for g in app.node.leaderless_groups() {
         reasons.push(format!("raft group {g} has no known leader"));
     }
+    if let Some(t) = &app.tiering
+        && let Some(r) = t.health.reason()
+    {
+        reasons.push(format!("cold store unhealthy: {r}"));
+    }
     if *app.shutdown.borrow() {
         reasons.push("shutting down".to_owned());
     }
