@@ -67,6 +67,7 @@ impl Config {
             max_hot_size_per_group: c.max_hot_size_per_group,
             gc_interval: c.gc_interval,
             gc_max_entries: c.gc_max_entries,
+            cache: c.cache.clone(),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod app;
 mod cold;
+mod cold_read;
 mod config;
 mod http;
 mod metrics;

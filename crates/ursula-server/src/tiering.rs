@@ -8,6 +8,7 @@
 //! the lock, and proposes the result as a replicated command.
 
 use crate::app::App;
+use crate::cold_read;
 use crate::http::error::ApiError;
 use crate::metrics::inc;
 use bytes::Bytes;
@@ -36,6 +37,8 @@ pub struct TierConfig {
     pub gc_interval: Duration,
     /// Objects deleted per group per GC pass. Default: 256.
     pub gc_max_entries: usize,
+    /// The cold read cache. Default: none.
+    pub cache: Option<ursula_storage::cold::CacheConfig>,
 }
 
 impl Default for TierConfig {
@@ -47,6 +50,7 @@ impl Default for TierConfig {
             max_hot_size_per_group: 64 << 20,
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
+            cache: None,
         }
     }
 }
@@ -111,6 +115,8 @@ pub struct Tiering {
     pub cfg: TierConfig,
     pub metrics: TierMetrics,
     pub health: ColdHealth,
+    /// Verified cold blocks, when `[storage.cold.cache]` is configured.
+    pub cache: Option<cold_read::BlockCache>,
     /// Per group: a flush or GC pass is running (one at a time per group, so a flush always
     /// starts where the previous one ended).
     busy: Vec<AtomicBool>,
@@ -144,6 +150,7 @@ impl Drop for Busy<'_> {
 impl Tiering {
     pub fn new(store: Arc<dyn ColdStore>, cfg: TierConfig, groups: u32) -> Arc<Tiering> {
         Arc::new(Tiering {
+            cache: cfg.cache.as_ref().and_then(cold_read::BlockCache::new),
             store,
             cfg,
             metrics: TierMetrics::default(),
@@ -420,6 +427,21 @@ impl Tiering {
                 "counter",
                 get(&m.backpressured),
             ),
+            (
+                "ursula_cold_cache_hits_total",
+                "counter",
+                self.cache.as_ref().map_or(0, |c| get(&c.metrics.hits)),
+            ),
+            (
+                "ursula_cold_cache_misses_total",
+                "counter",
+                self.cache.as_ref().map_or(0, |c| get(&c.metrics.misses)),
+            ),
+            (
+                "ursula_cold_cache_bytes",
+                "gauge",
+                self.cache.as_ref().map_or(0, |c| c.weight()),
+            ),
         ]
     }
 
@@ -434,28 +456,31 @@ impl Tiering {
         out: &mut Vec<u8>,
     ) -> Result<(), ApiError> {
         let key = chunk_key(group, object).map_err(|e| cold_failed(&e))?;
-        let layout = chunk_object::ChunkLayout::new(object_len);
-        let range = layout
-            .object_range(pos, len)
-            .map_err(|e| ApiError::new(ErrorCode::INTERNAL_ERROR, e.to_string()))?;
-        let fetched = self
-            .timed(self.store.get_range(&key, range))
-            .await
-            .map_err(|e| {
+        let read = cold_read::read(
+            self.store.as_ref(),
+            self.cache.as_ref(),
+            &key,
+            (group, object),
+            (pos, len, object_len),
+            out,
+        );
+        match self.timed(read).await {
+            Ok(()) => self.health.set_ops(None),
+            Err(cold_read::ReadError::Store(e)) => {
                 inc(&self.metrics.cold_read_errors, 1);
                 tracing::debug!(group, object = object.0, error = %e, "cold read failed");
                 self.health.set_ops(Some(format!("read failed: {e}")));
-                cold_failed(&e)
-            })?;
-        self.health.set_ops(None);
-        layout.extract(&fetched, pos, len, out).map_err(|e| {
-            inc(&self.metrics.cold_read_errors, 1);
-            tracing::error!(group, object = object.0, error = %e, "cold object is corrupt");
-            ApiError::new(
-                ErrorCode::COLD_STORE_FAILED,
-                format!("a cold object failed its checksum: {e}"),
-            )
-        })?;
+                return Err(cold_failed(&e));
+            }
+            Err(cold_read::ReadError::Corrupt(e)) => {
+                inc(&self.metrics.cold_read_errors, 1);
+                tracing::error!(group, object = object.0, error = %e, "cold object is corrupt");
+                return Err(ApiError::new(
+                    ErrorCode::COLD_STORE_FAILED,
+                    format!("a cold object failed its checksum: {e}"),
+                ));
+            }
+        }
         inc(&self.metrics.cold_reads, 1);
         inc(&self.metrics.cold_read_bytes, len);
         Ok(())

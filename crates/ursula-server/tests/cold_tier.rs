@@ -16,19 +16,23 @@ const OCTET: &str = "application/octet-stream";
 
 /// A node with a small hot tier: flushes at 64 KiB per group, at most 512 KiB hot per group.
 fn start(dir: &Path) -> Server {
+    start_with(dir, "")
+}
+
+/// [`start`] with more TOML after the `[storage.cold]` keys (written on the first start).
+fn start_with(dir: &Path, more: &str) -> Server {
     let cfg = dir.join("ursula.toml");
     if !cfg.exists() {
         std::fs::create_dir_all(dir).unwrap();
-        std::fs::write(
-            &cfg,
-            "[storage.cold]\n\
+        let text = "[storage.cold]\n\
              backend = \"local\"\n\
              flush_size = \"64KiB\"\n\
              max_hot_size_per_group = \"512KiB\"\n\
              flush_interval = \"50ms\"\n\
-             gc_interval = \"100ms\"\n",
-        )
-        .unwrap();
+             gc_interval = \"100ms\"\n"
+            .to_owned()
+            + more;
+        std::fs::write(&cfg, text).unwrap();
     }
     Server::start_in_with_args(
         &dir.join("data"),
@@ -66,7 +70,9 @@ fn metric(s: &Server, name: &str) -> u64 {
 #[test]
 fn streams_larger_than_the_hot_tier_read_back_exact_across_tiers() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut s = start(tmp.path());
+    // With the read cache: a second pass over the data must hit it.
+    let cache = "[storage.cold.cache]\nmax_size = \"4MiB\"\nblock_size = \"128KiB\"\n";
+    let mut s = start_with(tmp.path(), cache);
     let mut want: Vec<Vec<u8>> = vec![Vec::new(); 3];
     for (i, w) in want.iter_mut().enumerate() {
         assert_eq!(s.put(&format!("/cold/s{i}"), OCTET, b"").status, 201);
@@ -104,6 +110,11 @@ fn streams_larger_than_the_hot_tier_read_back_exact_across_tiers() {
         metric(&s, "cold_reads_total") > 0,
         "no read reached the cold tier"
     );
+    assert!(metric(&s, "cold_cache_misses_total") > 0);
+    let (again, _) = s.read_all("/cold/s0");
+    assert!(again == want[0]);
+    assert!(metric(&s, "cold_cache_hits_total") > 0, "{}", s.metrics());
+    assert!(metric(&s, "cold_cache_bytes") <= 4 << 20);
 
     // A read that starts inside a cold chunk and ends in the hot tail.
     let mid = want[1].len() / 3;

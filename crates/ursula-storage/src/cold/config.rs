@@ -111,6 +111,33 @@ pub struct ColdConfig {
     pub gc_interval: Duration,
     /// Objects deleted per group per GC pass. Default: 256.
     pub gc_max_entries: usize,
+    /// `[storage.cold.cache]`: a bounded cache of cold blocks with read-ahead. Default: no
+    /// cache (present without keys: the defaults of [`CacheConfig`]).
+    pub cache: Option<CacheConfig>,
+}
+
+/// `[storage.cold.cache]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Bytes of verified cold blocks kept in memory. Default: `256MiB`.
+    #[serde(deserialize_with = "size")]
+    pub max_size: u64,
+    /// Cache block (rounded up to a multiple of 64 KiB). Default: `1MiB`.
+    #[serde(deserialize_with = "size")]
+    pub block_size: u64,
+    /// Blocks read on a miss, the missing one included. Default: 4.
+    pub readahead_blocks: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            max_size: 256 << 20,
+            block_size: 1 << 20,
+            readahead_blocks: 4,
+        }
+    }
 }
 
 impl Default for ColdConfig {
@@ -127,6 +154,7 @@ impl Default for ColdConfig {
             max_hot_size_per_group: 64 << 20,
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
+            cache: None,
         }
     }
 }

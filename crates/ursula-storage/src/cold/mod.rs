@@ -27,7 +27,7 @@ pub mod testing;
 mod tests;
 
 pub use body::Body;
-pub use config::{Backend, ColdConfig, ColdConfigError, Encryption};
+pub use config::{Backend, CacheConfig, ColdConfig, ColdConfigError, Encryption};
 pub use error::{ColdError, InjectedFault};
 pub use faulty::{Faults, FaultyColdStore};
 pub use key::ObjectKey;
