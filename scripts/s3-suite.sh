@@ -81,3 +81,18 @@ if [[ $RC -ne 0 ]] || ! grep -q 'test result: ok. 1 passed' "$OUT"; then
   exit 1
 fi
 echo "S3 ColdStore suite passed against moto $MOTO_VERSION"
+
+# The cold tier of the real binary (flush, reads across tiers, restart) on the same server.
+OUT=$TMP/tier.out
+set +e
+URSULA_TEST_S3_ENDPOINT=$ENDPOINT URSULA_TEST_S3_BUCKET=$BUCKET \
+  cargo test -p ursula-server "$@" --test cold_tier -- --ignored --exact \
+  the_cold_tier_works_on_a_real_s3_server 2>&1 | tee "$OUT"
+RC=${PIPESTATUS[0]}
+set -e
+if [[ $RC -ne 0 ]] || ! grep -q 'test result: ok. 1 passed' "$OUT"; then
+  echo "the cold tier on S3 failed (moto log: last lines)"
+  tail -n 20 "$TMP/moto.log"
+  exit 1
+fi
+echo "the cold tier works against moto $MOTO_VERSION"

@@ -21,6 +21,11 @@ fn start(dir: &Path) -> Server {
 
 /// [`start`] with more TOML after the `[storage.cold]` keys (written on the first start).
 fn start_with(dir: &Path, more: &str) -> Server {
+    start_with_args(dir, more, &[])
+}
+
+/// [`start_with`] plus command-line flags (which override the TOML file).
+fn start_with_args(dir: &Path, more: &str, args: &[&str]) -> Server {
     let cfg = dir.join("ursula.toml");
     if !cfg.exists() {
         std::fs::create_dir_all(dir).unwrap();
@@ -34,10 +39,9 @@ fn start_with(dir: &Path, more: &str) -> Server {
             + more;
         std::fs::write(&cfg, text).unwrap();
     }
-    Server::start_in_with_args(
-        &dir.join("data"),
-        &["--config", cfg.to_str().unwrap(), "--group-count", "2"],
-    )
+    let mut all = vec!["--config", cfg.to_str().unwrap(), "--group-count", "2"];
+    all.extend_from_slice(args);
+    Server::start_in_with_args(&dir.join("data"), &all)
 }
 
 fn pattern(stream: u8, start: usize, len: usize) -> Vec<u8> {
@@ -397,4 +401,52 @@ fn sigkill_during_flushes_loses_nothing_acknowledged() {
         "no flush happened: {}",
         s.metrics()
     );
+}
+
+/// The same flush and reads against a real S3-compatible server: `scripts/s3-suite.sh` starts
+/// one and runs this test with `URSULA_TEST_S3_ENDPOINT` set (it is ignored otherwise).
+#[test]
+#[ignore = "needs an S3-compatible server: run scripts/s3-suite.sh"]
+fn the_cold_tier_works_on_a_real_s3_server() {
+    let endpoint = std::env::var("URSULA_TEST_S3_ENDPOINT").expect("URSULA_TEST_S3_ENDPOINT");
+    let bucket = std::env::var("URSULA_TEST_S3_BUCKET").unwrap_or("ursula-test".into());
+    let root = format!(
+        "tier-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let args = [
+        "--cold-backend",
+        "s3",
+        "--cold-s3-endpoint",
+        endpoint.as_str(),
+        "--cold-s3-bucket",
+        bucket.as_str(),
+        "--cold-root",
+        root.as_str(),
+    ];
+    let mut s = start_with_args(tmp.path(), "", &args);
+    assert_eq!(s.put("/sss3/a", OCTET, b"").status, 201);
+    let mut want = Vec::new();
+    for _ in 0..40 {
+        let body = pattern(4, want.len(), 16 * 1024);
+        append(&s, "/sss3/a", &body);
+        want.extend_from_slice(&body);
+    }
+    assert!(
+        wait_until(Duration::from_secs(30), || metric(&s, "cold_bytes")
+            >= 256 * 1024),
+        "nothing was flushed to S3: {}",
+        s.metrics()
+    );
+    let (got, _) = s.read_all("/sss3/a");
+    assert!(got == want, "bytes differ across tiers on S3");
+    s.kill9();
+    let s = start_with_args(tmp.path(), "", &args);
+    let (got, _) = s.read_all("/sss3/a");
+    assert!(got == want, "bytes differ after a restart on S3");
+    assert!(metric(&s, "cold_reads_total") > 0);
 }
