@@ -155,12 +155,6 @@ impl ColdState {
             }
         }
     }
-
-    /// Whether `id` was ever published by a flush (live or queued for deletion), or lies
-    /// below the ids handed out so far.
-    fn known(&self, id: ObjectId) -> bool {
-        id.0 < self.next_object || self.objects.contains_key(&id) || self.gc.contains(&id)
-    }
 }
 
 /// One stream's range inside a flush object.
@@ -271,10 +265,17 @@ impl StreamState {
 impl crate::group::GroupState {
     /// Applies a flush (cluster.md §6.2): slices whose bytes are still hot become chunk
     /// references; an object none of whose slices applied is queued for deletion. A flush
-    /// naming an object that is already known changes nothing, so a repeated proposal is
-    /// harmless.
+    /// naming an object that is live or queued changes nothing (a repeated proposal), and
+    /// one naming an id below those already handed out lost a race (a retry, or a former
+    /// leader's upload): nothing can reference it, so it is queued for deletion. A flush
+    /// without slices is how a leader hands over an object it found already uploaded by an
+    /// attempt that never committed (an orphan) for deletion.
     pub(crate) fn apply_flush(&mut self, req: &FlushReq) {
-        if self.cold.known(req.object) {
+        if self.cold.objects.contains_key(&req.object) || self.cold.gc.contains(&req.object) {
+            return;
+        }
+        if req.object.0 < self.cold.next_object {
+            self.cold.gc.insert(req.object);
             return;
         }
         self.cold.next_object = req.object.0.saturating_add(1);

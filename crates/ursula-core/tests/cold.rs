@@ -460,3 +460,41 @@ fn candidates_prefer_the_largest_hot_ranges_and_respect_the_size() {
     assert_eq!(names, vec![("b", 1000), ("c", 50)]);
     assert_eq!(w.g.hot_bytes(), 1110);
 }
+
+#[test]
+fn orphans_and_flushes_that_lost_a_race_are_collected() {
+    let mut w = World::new();
+    w.append("a", 100);
+    // A leader found object 0 already uploaded by an attempt that never committed.
+    w.apply(Op::ColdFlush(Box::new(FlushReq {
+        object: ObjectId(0),
+        object_len: 0,
+        slices: Vec::new(),
+    })))
+    .unwrap();
+    assert!(w.g.cold.gc.contains(&ObjectId(0)));
+    assert_eq!(w.g.cold.next_object, 1);
+    w.store.insert(ObjectId(0), Vec::new());
+    w.flush(1 << 20, false); // object 1
+    assert!(w.g.cold.objects.contains_key(&ObjectId(1)));
+    // A flush of an id already passed (a former leader's late proposal) references nothing.
+    let c = FlushSlice {
+        key: key("a"),
+        incarnation: w.g.streams[&key("a")].incarnation,
+        start: 0,
+        end: 100,
+        pos: 0,
+    };
+    w.store.insert(ObjectId(0), vec![0; 100]);
+    w.apply(Op::ColdFlush(Box::new(FlushReq {
+        object: ObjectId(0),
+        object_len: 100,
+        slices: vec![c],
+    })))
+    .unwrap();
+    assert!(w.g.cold.gc.contains(&ObjectId(0)));
+    w.check();
+    w.gc();
+    assert!(w.g.cold.gc.is_empty());
+    w.check();
+}

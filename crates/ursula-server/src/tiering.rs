@@ -261,7 +261,27 @@ impl Tiering {
                     uploaded = Some(id);
                     break;
                 }
-                Err(ColdError::AlreadyExists { .. }) => next += 1,
+                Err(ColdError::AlreadyExists { .. }) => {
+                    // Left by an attempt that uploaded but never committed: hand it to GC
+                    // (an empty flush of its id), then take the next id.
+                    let orphan = FlushReq {
+                        object: id,
+                        object_len: 0,
+                        slices: Vec::new(),
+                    };
+                    if !app
+                        .propose_upkeep(group, Op::ColdFlush(Box::new(orphan)))
+                        .await
+                    {
+                        return 0;
+                    }
+                    tracing::info!(
+                        group,
+                        object = id.0,
+                        "cold flush found an orphan object; queued it for deletion"
+                    );
+                    next += 1;
+                }
                 Err(e) => {
                     inc(&self.metrics.flush_errors, 1);
                     tracing::debug!(group, error = %e, "cold flush upload failed; will retry");
