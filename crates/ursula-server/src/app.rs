@@ -70,7 +70,26 @@ impl App {
             now_ms: self.now_ms(),
             op,
         };
-        let res = self.node.propose(group, cmd).await;
+        // A write whose batch a full or stalled disk holds must not hang its client: after the
+        // bound it answers that its outcome is unknown (it may still commit when the disk heals).
+        let stall = Duration::from_millis(self.cfg.write_stall_timeout_ms.max(1));
+        let res = match tokio::time::timeout(stall, self.node.propose(group, cmd)).await {
+            Ok(res) => res,
+            Err(_) => {
+                tracing::warn!(
+                    group,
+                    timeout_ms = stall.as_millis() as u64,
+                    "a write stalled"
+                );
+                return Err(ApiError::new(
+                    ErrorCode::WRITE_OUTCOME_UNKNOWN,
+                    "the write was not committed in time (the disk is full or stalled); it may \
+                     still be applied when the disk recovers: retry it with an idempotent \
+                     producer (Producer-Id, Producer-Epoch, Producer-Seq), or read the \
+                     stream's tail before retrying",
+                ));
+            }
+        };
         match res {
             Ok(Ok(reply)) => {
                 self.kick_outbox(group);

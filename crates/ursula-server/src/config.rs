@@ -32,6 +32,10 @@ pub struct Config {
     pub header_timeout_ms: u64,
     /// Time allowed for a request body to arrive. Default: 30000 ms.
     pub body_timeout_ms: u64,
+    /// A write not committed within this time (its batch is held by a full or stalled disk)
+    /// answers `503 WRITE_OUTCOME_UNKNOWN` instead of waiting on: it may still land.
+    /// Default: 30000 ms.
+    pub write_stall_timeout_ms: u64,
     /// Raft log entries between state-machine snapshots. Default: 20000.
     pub snapshot_logs: u64,
     /// Origins allowed by CORS (`*` for any; empty disables CORS). Default: ["*"].
@@ -83,6 +87,7 @@ impl Default for Config {
             max_request_bytes: 32 * 1024 * 1024,
             max_read_bytes: 32 * 1024 * 1024,
             live_read_max_waiters: 65_536,
+            write_stall_timeout_ms: 30_000,
             sse_batch_bytes: 1024 * 1024,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,

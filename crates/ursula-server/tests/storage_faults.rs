@@ -516,3 +516,44 @@ fn a_really_full_disk_answers_507_starts_for_reads_and_heals_when_space_is_freed
     assert_eq!(String::from_utf8_lossy(&body), "a;b;");
     drop(s);
 }
+
+/// A write whose batch a full disk holds does not hang its client: after
+/// `write_stall_timeout_ms` it answers `503 WRITE_OUTCOME_UNKNOWN`, and it lands once the disk
+/// has room again (so the answer was right to say "unknown", not "failed").
+#[test]
+fn a_write_held_by_a_full_disk_answers_outcome_unknown_in_bounded_time() {
+    if !strace_available("a_write_held_by_a_full_disk_answers_outcome_unknown_in_bounded_time") {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(&cfg, "write_stall_timeout_ms = 500\n").expect("config");
+    let s = Server::start_in_with_args(&data, &["--config", cfg.to_str().expect("utf-8")]);
+    create(&s, "/faults/stall");
+    assert_eq!(s.post("/faults/stall", TEXT, b"a;").status, 204);
+    let wal = active_segment(&data);
+    // Every WAL write from the 2nd on, 15 in a row, finds the disk full: with the writer's
+    // backoff that holds the batch for several seconds.
+    let _strace = Strace::attach(
+        s.pid().expect("pid"),
+        &wal,
+        "pwrite64",
+        "error=ENOSPC:when=2..16",
+        tmp.path(),
+    );
+    assert_eq!(s.post("/faults/stall", TEXT, b"b;").status, 204);
+    let started = Instant::now();
+    let r = s.post("/faults/stall", TEXT, b"held;");
+    let waited = started.elapsed();
+    assert_error(&r, 503, "WRITE_OUTCOME_UNKNOWN");
+    assert!(r.text().contains("idempotent producer"), "{}", r.text());
+    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    // The disk heals: the held write was not lost, it lands.
+    let landed = wait_until(Duration::from_secs(30), || {
+        s.get("/faults/stall?offset=-1").text() == "a;b;held;"
+    });
+    assert!(landed, "{}", s.get("/faults/stall?offset=-1").text());
+    let r = s.post("/faults/stall", TEXT, b"c;");
+    assert_eq!(r.status, 204, "{}", r.describe());
+}
