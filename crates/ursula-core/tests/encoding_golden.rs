@@ -454,7 +454,7 @@ proptest! {
     }
 
     #[test]
-    fn group_states_round_trip_in_every_schema(
+    fn group_states_round_trip_in_the_current_schema(
         appends in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 1..64), 0u64..3), 0..20),
     ) {
         // One stream, so the encoding's map order is fixed; producers, bytes and buckets vary.
@@ -483,10 +483,9 @@ proptest! {
         }
         let enc = g.encode().unwrap();
         prop_assert_eq!(enc.len(), g.encoded_len().unwrap());
-        for schema in Schema::READABLE {
-            let back = GroupState::decode(schema, &enc).unwrap();
-            prop_assert_eq!(&back.encode().unwrap(), &enc);
-        }
+        // Only the current schema writes; older ones are read through their golden bytes.
+        let back = GroupState::decode(Schema::CURRENT, &enc).unwrap();
+        prop_assert_eq!(&back.encode().unwrap(), &enc);
     }
 
     #[test]
