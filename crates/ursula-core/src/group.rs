@@ -112,6 +112,9 @@ impl GroupState {
             Op::PublishSnapshot(req) => self
                 .stream_for_update(&req.key, now, req.incarnation)?
                 .publish_snapshot(req),
+            Op::PublishColdSnapshot(req) => self
+                .stream_for_update(&req.key, now, req.incarnation)?
+                .publish_cold_snapshot(req),
             Op::DeleteSnapshot {
                 key,
                 offset,
@@ -220,6 +223,7 @@ impl GroupState {
             // Kept only for its forks' reads; they hold their own copy of the snapshot.
             s.soft_deleted = true;
             s.snapshot = None;
+            s.snapshot_object = None;
         }
     }
 
@@ -369,6 +373,13 @@ impl GroupState {
             retained,
             snapshot,
         } = history;
+        let (snapshot, snapshot_object) = match snapshot {
+            Some(v) => {
+                let (v, r) = crate::snapshot::ColdSnapshotRef::from_inherited(v);
+                (Some(v), r)
+            }
+            None => (None, None),
+        };
         // A non-JSON fork point inside an append ends that unit for the fork (bootstrap
         // parts never span the fork point).
         if !json && own_start > ends.last().copied().unwrap_or(cut_offset) {
@@ -399,6 +410,7 @@ impl GroupState {
             cut_offset,
             retained,
             snapshot,
+            snapshot_object,
             cold: Default::default(),
         };
         let record_start = s.record_next();
@@ -671,7 +683,7 @@ impl GroupState {
                     v.offset
                 )));
             }
-            Some(v) if v.offset <= point => Some(v.clone()),
+            Some(v) if v.offset <= point => s.inheritable_snapshot(),
             _ => None,
         };
         if s.depth + 1 > MAX_FORK_DEPTH {

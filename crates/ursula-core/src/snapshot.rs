@@ -1,10 +1,13 @@
 //! Snapshots (extensions.md §6): the digest, the visible snapshot of a stream, and the
 //! publish and delete checks, run inside the state machine so they are linearizable.
 //!
-//! A stream keeps only its latest snapshot. The blob travels inline in the replicated
-//! command and lives in the stream state (there is no cold backend yet).
+//! A stream keeps only its latest snapshot. Without a cold backend the blob travels inline in
+//! the replicated command and lives in the stream state; with one, the blob is a cold object
+//! and the state holds a [`ColdSnapshotRef`] (`StreamState::snapshot_object`).
 
-use crate::command::{At, PublishSnapshotReq, Reply, Response, SnapshotReply};
+use crate::command::{
+    At, PublishColdSnapshotReq, PublishSnapshotReq, Reply, Response, SnapshotReply,
+};
 use crate::error::{ErrorCode, Rejection};
 use crate::stream::StreamState;
 use bytes::Bytes;
@@ -60,6 +63,58 @@ pub struct Snapshot {
     pub blob: Bytes,
 }
 
+/// Where a cold snapshot's blob lives: the key of its object (a `USNP` object, or a `UMAN`
+/// manifest of `USNP` pieces for a committed multi-part upload) and the blob's length.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColdSnapshotRef {
+    pub key: String,
+    pub len: u64,
+}
+
+/// Longest blob that may stand for a [`ColdSnapshotRef`] in a fork's inherited snapshot.
+const REF_BLOB_MAX: usize = 1024;
+
+impl ColdSnapshotRef {
+    /// A fork inherits its source's snapshot as a [`Snapshot`] (whose schema-1 layout the log
+    /// holds inside fork creates). For a cold snapshot that snapshot's `blob` carries this
+    /// reference instead of the bytes: `"{len} {key}"`. Such a blob never hashes to the
+    /// snapshot's digest, which is how [`ColdSnapshotRef::from_inherited`] tells it apart from
+    /// a real blob.
+    pub fn as_inherited(&self, s: &Snapshot) -> Snapshot {
+        Snapshot {
+            blob: Bytes::from(format!("{} {}", self.len, self.key)),
+            ..s.clone()
+        }
+    }
+
+    /// Splits an inherited snapshot back into its metadata and its cold reference.
+    pub fn from_inherited(s: Snapshot) -> (Snapshot, Option<ColdSnapshotRef>) {
+        if s.blob.is_empty()
+            || s.blob.len() > REF_BLOB_MAX
+            || Digest::of(&s.content_type, &s.blob) == s.digest
+        {
+            return (s, None);
+        }
+        let parsed = std::str::from_utf8(&s.blob).ok().and_then(|t| {
+            let (len, key) = t.split_once(' ')?;
+            Some(ColdSnapshotRef {
+                key: key.to_owned(),
+                len: len.parse().ok()?,
+            })
+        });
+        match parsed {
+            Some(r) => (
+                Snapshot {
+                    blob: Bytes::new(),
+                    ..s
+                },
+                Some(r),
+            ),
+            None => (s, None),
+        }
+    }
+}
+
 impl StreamState {
     /// `(offset, digest)` of the visible snapshot.
     pub fn snapshot_key(&self) -> Option<(u64, Digest)> {
@@ -91,14 +146,59 @@ impl StreamState {
     /// Publishes `req` after every state check of extensions.md §6.2 steps 6-12, in order.
     /// The caller has checked existence and the incarnation (steps 4-5).
     pub(crate) fn publish_snapshot(&mut self, req: &PublishSnapshotReq) -> Response {
-        let offset = match req.at {
+        let offset = match self.check_publish(req.at, req.digest, req.snapshot_match.as_deref())? {
+            Publish::Repeat(reply) => return Ok(reply),
+            Publish::At(offset) => offset,
+        };
+        self.snapshot = Some(Snapshot {
+            offset,
+            content_type: req.content_type.clone(),
+            digest: req.digest,
+            blob: req.blob.clone(),
+        });
+        self.snapshot_object = None;
+        Ok(self.snapshot_reply(offset, req.digest))
+    }
+
+    /// Publishes a snapshot whose blob is a cold object, after the same checks; a commit's
+    /// parts must belong to the current incarnation (snapshot-parts.md §4.2 Phase C).
+    pub(crate) fn publish_cold_snapshot(&mut self, req: &PublishColdSnapshotReq) -> Response {
+        if req.parts_incarnation.is_some_and(|i| i != self.incarnation) {
+            return Err(Rejection::new(
+                ErrorCode::UNKNOWN_SNAPSHOT_PART,
+                "the parts belong to an earlier incarnation of the stream",
+            ));
+        }
+        let offset = match self.check_publish(req.at, req.digest, req.snapshot_match.as_deref())? {
+            Publish::Repeat(reply) => return Ok(reply),
+            Publish::At(offset) => offset,
+        };
+        self.snapshot = Some(Snapshot {
+            offset,
+            content_type: req.content_type.clone(),
+            digest: req.digest,
+            blob: Bytes::new(),
+        });
+        self.snapshot_object = Some(req.object.clone());
+        Ok(self.snapshot_reply(offset, req.digest))
+    }
+
+    /// The checks of extensions.md §6.2 steps 6-12, in order: the offset to publish at, or
+    /// the reply of a repeat.
+    fn check_publish(
+        &self,
+        at: At,
+        digest: Digest,
+        snapshot_match: Option<&str>,
+    ) -> Result<Publish, Rejection> {
+        let offset = match at {
             At::Offset(o) => o,
             At::Record(n) => self.publish_record_offset(n)?,
         };
         // Steps 6-7: the key (offset, digest) comes before every other state check.
         if let Some(v) = &self.snapshot {
-            if v.offset == offset && v.digest == req.digest {
-                return Ok(self.snapshot_reply(offset, req.digest));
+            if v.offset == offset && v.digest == digest {
+                return Ok(Publish::Repeat(self.snapshot_reply(offset, digest)));
             }
             if v.offset == offset {
                 return Err(self.snapshot_conflict(format!(
@@ -125,7 +225,7 @@ impl StreamState {
                 self.tail
             )));
         }
-        if let Some(m) = &req.snapshot_match
+        if let Some(m) = snapshot_match
             && !self
                 .snapshot
                 .as_ref()
@@ -141,13 +241,16 @@ impl StreamState {
                 format!("snapshot offset {offset} is not a message boundary of the JSON stream"),
             ));
         }
-        self.snapshot = Some(Snapshot {
-            offset,
-            content_type: req.content_type.clone(),
-            digest: req.digest,
-            blob: req.blob.clone(),
-        });
-        Ok(self.snapshot_reply(offset, req.digest))
+        Ok(Publish::At(offset))
+    }
+
+    /// The visible snapshot as a fork inherits it (see [`ColdSnapshotRef::as_inherited`]).
+    pub fn inheritable_snapshot(&self) -> Option<Snapshot> {
+        let s = self.snapshot.as_ref()?;
+        Some(match &self.snapshot_object {
+            Some(r) => r.as_inherited(s),
+            None => s.clone(),
+        })
     }
 
     /// Resolves `?record=n` of a publish (extensions.md §6.5).
@@ -198,6 +301,14 @@ impl StreamState {
     }
 }
 
+/// The outcome of the publish checks.
+enum Publish {
+    /// The key names the visible snapshot: answer as published.
+    Repeat(Reply),
+    /// Publish at this offset.
+    At(u64),
+}
+
 /// `400 INVALID_RECORD_BOUNDARIES` for a `?record=` form on a stream that is not JSON.
 pub(crate) fn not_json() -> Rejection {
     Rejection::new(
@@ -236,5 +347,32 @@ mod tests {
         assert_ne!(d, Digest::of("application/octet-stream", b"hellO"));
         assert!(d.matches_text(&d.to_string().to_uppercase()));
         assert!(!d.matches_text("x"));
+    }
+
+    #[test]
+    fn inherited_cold_references_round_trip_and_real_blobs_stay() {
+        let real = Snapshot {
+            offset: 3,
+            content_type: "text/plain".into(),
+            digest: Digest::of("text/plain", b"12 snapshots/x"),
+            blob: Bytes::from_static(b"12 snapshots/x"),
+        };
+        // A real blob that looks like a reference is still a real blob: it hashes right.
+        assert_eq!(
+            ColdSnapshotRef::from_inherited(real.clone()),
+            (real.clone(), None)
+        );
+        let r = ColdSnapshotRef {
+            key: "snapshots/b/s/i/x.snap".into(),
+            len: 1 << 30,
+        };
+        let meta = Snapshot {
+            blob: Bytes::new(),
+            digest: Digest::of("text/plain", b"other"),
+            ..real
+        };
+        let (back, got) = ColdSnapshotRef::from_inherited(r.as_inherited(&meta));
+        assert_eq!(back, meta);
+        assert_eq!(got, Some(r));
     }
 }

@@ -145,7 +145,9 @@ impl App {
                         pin_id: item.pin_id,
                     };
                     let ok = app.propose_upkeep(src_group, unpin).await
-                        && app.propose_upkeep(group, Op::OutboxDone { id: item.id }).await;
+                        && app
+                            .propose_upkeep(group, Op::OutboxDone { id: item.id })
+                            .await;
                     failed |= !ok;
                 }
                 if failed {

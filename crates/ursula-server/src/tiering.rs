@@ -147,7 +147,11 @@ impl Tiering {
         let Some(_busy) = self.claim(group) else {
             return 0;
         };
-        let min = if force { 1 } else { self.cfg.flush_min_hot_size };
+        let min = if force {
+            1
+        } else {
+            self.cfg.flush_min_hot_size
+        };
         let planned = app.with_group(group, |g| {
             let hot = g.hot_bytes();
             if let Some(c) = self.hot.get(group as usize) {
@@ -228,7 +232,10 @@ impl Tiering {
             object_len: total,
             slices,
         };
-        match app.propose_upkeep(group, Op::ColdFlush(Box::new(req))).await {
+        match app
+            .propose_upkeep(group, Op::ColdFlush(Box::new(req)))
+            .await
+        {
             true => {
                 if let Some(c) = self.hot.get(group as usize) {
                     let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
@@ -237,7 +244,12 @@ impl Tiering {
                 }
                 inc(&self.metrics.flushes, 1);
                 inc(&self.metrics.flushed_bytes, total);
-                tracing::debug!(group, object = id.0, bytes = total, "flushed to the cold tier");
+                tracing::debug!(
+                    group,
+                    object = id.0,
+                    bytes = total,
+                    "flushed to the cold tier"
+                );
                 total
             }
             false => {

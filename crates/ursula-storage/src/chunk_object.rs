@@ -38,7 +38,10 @@ impl fmt::Display for ChunkError {
                 "range {pos}+{len} is outside the chunk payload of {payload} bytes"
             ),
             ChunkError::Short { expected, got } => {
-                write!(f, "fetched {got} bytes of chunk blocks, expected {expected}")
+                write!(
+                    f,
+                    "fetched {got} bytes of chunk blocks, expected {expected}"
+                )
             }
             ChunkError::BadBlock { block } => write!(f, "chunk block {block} fails its checksum"),
         }
