@@ -38,6 +38,46 @@ impl Digest {
     }
 }
 
+/// A [`Digest`] computed over a blob that arrives in pieces (a multi-part commit's copy).
+#[derive(Debug, Clone)]
+pub struct DigestBuilder(blake3::Hasher);
+
+impl DigestBuilder {
+    pub fn new(ct: &str) -> Self {
+        let mut h = blake3::Hasher::new();
+        h.update(&(ct.len() as u64).to_le_bytes());
+        h.update(ct.as_bytes());
+        DigestBuilder(h)
+    }
+
+    pub fn update(&mut self, piece: &[u8]) {
+        self.0.update(piece);
+    }
+
+    pub fn finish(&self) -> Digest {
+        Digest(*self.0.finalize().as_bytes())
+    }
+}
+
+impl Digest {
+    /// Parses the 64-lowercase-hex form (`Stream-Snapshot-Digest` of a commit).
+    pub fn parse(text: &str) -> Option<Digest> {
+        let b = text.as_bytes();
+        if b.len() != 64
+            || !b
+                .iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Digest(out))
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for b in self.0 {
@@ -65,7 +105,7 @@ pub struct Snapshot {
 
 /// Where a cold snapshot's blob lives: the key of its object (a `USNP` object, or a `UMAN`
 /// manifest of `USNP` pieces for a committed multi-part upload) and the blob's length.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColdSnapshotRef {
     pub key: String,
     pub len: u64,
@@ -244,6 +284,22 @@ impl StreamState {
         Ok(Publish::At(offset))
     }
 
+    /// The publish checks (extensions.md §6.2 steps 6-12) without publishing, for a commit's
+    /// Phase A: `Some(reply)` when the key names the visible snapshot (a repeat), `None`
+    /// when a publish at that offset would go ahead.
+    pub fn precheck_publish(
+        &self,
+        at: At,
+        digest: Digest,
+        snapshot_match: Option<&str>,
+    ) -> Result<Option<SnapshotReply>, Rejection> {
+        match self.check_publish(at, digest, snapshot_match)? {
+            Publish::Repeat(Reply::Snapshot(r)) => Ok(Some(*r)),
+            Publish::Repeat(_) => Err(Rejection::new(ErrorCode::INTERNAL_ERROR, "bad reply")),
+            Publish::At(_) => Ok(None),
+        }
+    }
+
     /// The visible snapshot as a fork inherits it (see [`ColdSnapshotRef::as_inherited`]).
     pub fn inheritable_snapshot(&self) -> Option<Snapshot> {
         let s = self.snapshot.as_ref()?;
@@ -347,6 +403,13 @@ mod tests {
         assert_ne!(d, Digest::of("application/octet-stream", b"hellO"));
         assert!(d.matches_text(&d.to_string().to_uppercase()));
         assert!(!d.matches_text("x"));
+        assert_eq!(Digest::parse(&d.to_string()), Some(d));
+        assert_eq!(Digest::parse(&d.to_string().to_uppercase()), None);
+        assert_eq!(Digest::parse("ab"), None);
+        let mut b = DigestBuilder::new("application/octet-stream");
+        b.update(b"he");
+        b.update(b"llo");
+        assert_eq!(b.finish(), d);
     }
 
     #[test]

@@ -52,8 +52,10 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
     }
     let key = &target.key;
     let v = read::view(app, key, app.now_ms())?;
-    let plan = app
+    let mut object = None;
+    let mut plan = app
         .with_stream(key, |s| {
+            object = s.snapshot_object.clone();
             let start = s.snapshot.as_ref().map_or(s.retained, |v| v.offset);
             let lo = s.ends.partition_point(|e| *e <= start);
             let hi = s.ends.partition_point(|e| *e <= s.tail);
@@ -71,6 +73,11 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
             }
         })
         .ok_or_else(|| ApiError::new(ErrorCode::STREAM_NOT_FOUND, "stream not found"))?;
+    // A cold snapshot's blob comes from the cold store (`502 COLD_STORE_FAILED` if it fails).
+    if let (Some(r), Some(snapshot)) = (&object, plan.snapshot.as_mut()) {
+        let cold = crate::snapshot_store::store_of(app)?;
+        snapshot.blob = crate::snapshot_store::fetch_blob(cold, r).await?;
+    }
     let mut data = Vec::new();
     read::collect(app, key, plan.start, plan.tail, &mut data).await?;
     if touch {
