@@ -434,3 +434,54 @@ pub fn spawn_sweep(app: &Arc<App>) {
         }
     });
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_commit_per_stream_and_two_copies_per_node() {
+        let reg = Registry::default();
+        let (a, b, c) = (
+            StreamKey::new("b", "a"),
+            StreamKey::new("b", "b"),
+            StreamKey::new("b", "c"),
+        );
+        let mut ca = reg.start_commit(&a).unwrap();
+        assert_eq!(
+            reg.start_commit(&a).err().map(|e| e.code()),
+            Some(ErrorCode::SNAPSHOT_COMMIT_IN_PROGRESS)
+        );
+        assert!(reg.commit_running(&a));
+        let mut cb = reg.start_commit(&b).unwrap();
+        let mut cc = reg.start_commit(&c).unwrap();
+        ca.admit_copy().unwrap();
+        cb.admit_copy().unwrap();
+        assert_eq!(
+            cc.admit_copy().err().map(|e| e.code()),
+            Some(ErrorCode::SNAPSHOT_COMMITS_BUSY)
+        );
+        drop(ca);
+        assert!(!reg.commit_running(&a));
+        cc.admit_copy().unwrap();
+        drop((cb, cc));
+        assert_eq!(reg.copy_reserved.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn uploads_are_charged_until_stored_or_dropped() {
+        let reg = Registry::default();
+        let k = StreamKey::new("b", "s");
+        reg.set_listed(&k, 0, rules::MAX_STAGED_BYTES - 64, 0);
+        let u = reg.reserve(&k, 32).unwrap();
+        let v = reg.reserve(&k, 32).unwrap();
+        assert!(reg.reserve(&k, 1).is_err(), "charged before the body");
+        drop(v);
+        u.stored(10);
+        assert!(reg.reserve(&k, 54).is_ok());
+        assert!(!reg.needs_listing(&k, 1, None));
+        reg.mark_for_listing(&k);
+        assert!(reg.needs_listing(&k, 1, None));
+    }
+}

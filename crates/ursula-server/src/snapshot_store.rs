@@ -298,7 +298,13 @@ pub async fn publish(
             )
         })
         .unwrap_or((None, false));
-    if now.as_deref() != Some(&object_key) {
+    // An outcome that is unknown may still publish the object after a restart: leave it to
+    // the sweep, which deletes it only if nothing references it then.
+    let unknown = res
+        .as_ref()
+        .err()
+        .is_some_and(|e| e.code() == ErrorCode::WRITE_OUTCOME_UNKNOWN);
+    if now.as_deref() != Some(&object_key) && !unknown {
         let store = store.clone();
         let k = object_key.clone();
         tokio::spawn(async move { delete_snapshot_objects(&*store, &k).await });

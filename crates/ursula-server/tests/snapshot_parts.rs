@@ -659,3 +659,55 @@ fn sigkill_during_a_commit_loses_nothing_and_the_sweep_reclaims_what_it_left() {
     let r = s.get(&snap.map_or("x".into(), |o| format!("{p}/snapshot/{o}")));
     assert_eq!(r.status, 200);
 }
+
+#[test]
+fn soft_deleted_streams_answer_410_and_match_is_checked_before_the_copy() {
+    let s = Server::start();
+    let p = "/mpart/src";
+    assert_eq!(s.put(p, OCTETS, b"0123456789").status, 201);
+    let a = part_id(&s, p, b"a");
+    // Stream-Snapshot-Match that names nothing: 409, decided before the copy; parts deleted.
+    let m = digest(OCTETS, b"none");
+    let r = commit(
+        &s,
+        p,
+        4,
+        &[&a],
+        &digest(OCTETS, b"a"),
+        &[("Stream-Snapshot-Match", &m)],
+    );
+    assert_error(&r, 409, "SNAPSHOT_CONFLICT");
+    assert!(wait_until(WAIT, || parts_on_disk(&s) == 0));
+    // A fork keeps its deleted source soft-deleted: every part route answers 410 there.
+    let b = part_id(&s, p, b"b");
+    assert_eq!(
+        s.req("PUT", "/mpart/fork", &[("Stream-Forked-From", p)], b"")
+            .status,
+        201
+    );
+    assert_eq!(s.delete(p).status, 204);
+    assert_error(&stage(&s, p, b"x"), 410, "STREAM_SOFT_DELETED");
+    assert_error(
+        &commit(&s, p, 4, &[&b], &digest(OCTETS, b"b"), &[]),
+        410,
+        "STREAM_SOFT_DELETED",
+    );
+    assert_error(
+        &s.delete(&format!("{p}/snapshot/parts")),
+        410,
+        "STREAM_SOFT_DELETED",
+    );
+    // The soft delete deleted the source's parts too; the fork has its own.
+    assert!(wait_until(WAIT, || parts_on_disk(&s) == 0));
+    let f = part_id(&s, "/mpart/fork", b"fork part");
+    let r = commit(
+        &s,
+        "/mpart/fork",
+        10,
+        &[&f],
+        &digest(OCTETS, b"fork part"),
+        &[],
+    );
+    assert_eq!(r.status, 204, "{}", r.describe());
+    assert_eq!(s.get("/mpart/fork/snapshot/10").body, b"fork part");
+}
