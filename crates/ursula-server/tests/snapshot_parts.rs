@@ -58,7 +58,10 @@ fn stage_commit_read_back_and_repeat() {
     assert_eq!(h.header("ursula-max-snapshot-bytes"), Some("1073741824"));
     assert_eq!(h.header("ursula-max-request-bytes"), Some("33554432"));
     let a: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
-    let b = b"tail of the snapshot".to_vec();
+    // The first part ends inside a `--bootstrap-` marker that the second completes.
+    let mut a = a;
+    a.extend_from_slice(b"\r\n--bootstr");
+    let b = b"ap-0123 tail of the snapshot".to_vec();
     let (pa, pb) = (part_id(&s, p, &a), part_id(&s, p, &b));
     assert_ne!(pa, pb);
     assert!(pa.ends_with(".part") && pa.starts_with(&h.incarnation()));
@@ -77,7 +80,16 @@ fn stage_commit_read_back_and_repeat() {
     assert!(got.body == whole, "snapshot bytes differ");
     let boot = s.get(&format!("{p}/bootstrap"));
     assert_eq!(boot.status, 200);
-    assert!(boot.body.windows(b.len()).any(|w| w == b.as_slice()));
+    // The snapshot part is the whole blob, streamed, and the boundary is not in it.
+    let ct = boot.header("content-type").unwrap().to_owned();
+    let boundary = ct.split("boundary=").nth(1).unwrap();
+    let head = format!("--{boundary}\r\nContent-Type: {OCTETS}\r\n\r\n");
+    assert!(boot.body.starts_with(head.as_bytes()));
+    let rest = &boot.body[head.len()..];
+    assert!(rest.starts_with(&whole), "bootstrap carries the snapshot");
+    assert!(rest[whole.len()..].starts_with(format!("\r\n--{boundary}").as_bytes()));
+    let marker = format!("--{boundary}");
+    assert!(!whole.windows(marker.len()).any(|w| w == marker.as_bytes()));
     // The parts are deleted after the answer; a repeat still answers 204 by its key.
     assert!(
         wait_until(WAIT, || parts_on_disk(&s) == 0),
