@@ -52,7 +52,7 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
     let key = &target.key;
     let v = read::view(app, key, app.now_ms())?;
     let mut object = None;
-    let mut plan = app
+    let plan = app
         .with_stream(key, |s| {
             object = s.snapshot_object.clone();
             let start = s.snapshot.as_ref().map_or(s.retained, |v| v.offset);
