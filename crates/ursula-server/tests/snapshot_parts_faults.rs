@@ -121,10 +121,18 @@ fn a_failing_store_answers_502_and_recovers() {
             .status,
         204
     );
+    let staged = part_id(&s, p, b"staged before the failure");
+    let d = digest(OCTETS, b"staged before the failure");
     let cold = s.dir().join("cold");
     let away = s.dir().join("cold-away");
     std::fs::rename(&cold, &away).unwrap();
     std::fs::write(&cold, b"not a directory").unwrap();
+    // A commit whose parts cannot be read: 502, and the parts stay.
+    assert_error(
+        &commit(&s, p, 10, &[&staged], &d, &[]),
+        502,
+        "COLD_STORE_FAILED",
+    );
     let r = s.get(&format!("{p}/snapshot/3"));
     assert_error(&r, 502, "COLD_STORE_FAILED");
     assert_error(&s.get(&format!("{p}/bootstrap")), 502, "COLD_STORE_FAILED");
@@ -140,6 +148,13 @@ fn a_failing_store_answers_502_and_recovers() {
     std::fs::rename(&away, &cold).unwrap();
     assert_eq!(s.get(&format!("{p}/snapshot/3")).body, b"three");
     assert_eq!(stage(&s, p, b"x").status, 201);
+    // The same commit, repeated, publishes from the parts that stayed.
+    let r = commit(&s, p, 10, &[&staged], &d, &[]);
+    assert_eq!(r.status, 204, "{}", r.describe());
+    assert_eq!(
+        s.get(&format!("{p}/snapshot/10")).body,
+        b"staged before the failure"
+    );
 }
 
 #[test]
