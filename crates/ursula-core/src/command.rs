@@ -6,7 +6,7 @@
 use crate::cold::{FlushReq, ObjectId};
 use crate::error::Rejection;
 use crate::ids::{Incarnation, StreamKey};
-use crate::snapshot::{Digest, Snapshot};
+use crate::snapshot::{ColdSnapshotRef, Digest, Snapshot};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -82,6 +82,9 @@ pub enum Op {
     ColdGcDone {
         objects: Vec<ObjectId>,
     },
+    /// Publish a snapshot whose blob is already a cold object (a single-request publish on a
+    /// node with a cold backend, or a committed multi-part upload; snapshot-parts.md §4).
+    PublishColdSnapshot(Box<PublishColdSnapshotReq>),
 }
 
 /// Which streams' live readers a command may concern (see [`Op::affects`]).
@@ -104,6 +107,7 @@ impl Op {
             Op::Create(r) => Affects::Stream(&r.key),
             Op::Append(r) => Affects::Stream(&r.key),
             Op::PublishSnapshot(r) => Affects::Stream(&r.key),
+            Op::PublishColdSnapshot(r) => Affects::Stream(&r.key),
             // A pin may lapse an expired source; an unpin may remove a soft-deleted one (the
             // cascade up a fork chain goes through further `Unpin`s).
             Op::Pin(r) => Affects::Stream(&r.source),
@@ -160,6 +164,22 @@ pub struct PublishSnapshotReq {
     /// `Stream-Snapshot-Match`, when sent (trimmed, never empty).
     pub snapshot_match: Option<String>,
     pub blob: Bytes,
+}
+
+/// A publish whose blob is the cold object `object` (snapshot-parts.md §4.2 Phase C).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishColdSnapshotReq {
+    pub key: StreamKey,
+    /// `Stream-Incarnation`, when sent.
+    pub incarnation: Option<Incarnation>,
+    /// The incarnation the committed parts belong to: a stream recreated meanwhile is never
+    /// published to (`400 UNKNOWN_SNAPSHOT_PART`). `None` for a single-request publish.
+    pub parts_incarnation: Option<Incarnation>,
+    pub at: At,
+    pub content_type: String,
+    pub digest: Digest,
+    pub snapshot_match: Option<String>,
+    pub object: ColdSnapshotRef,
 }
 
 /// Idempotent-producer headers of a request.

@@ -11,6 +11,7 @@
 //! - [`json`]: JSON-mode validation, flattening and canonical NDJSON.
 //! - [`error`]: wire error codes and rejections with their header facts.
 //! - [`command`]: the replicated command model and its replies.
+//! - [`parts`]: the rules of multi-part snapshot upload (manifest, part IDs, staged bounds).
 //! - [`producer`]: idempotent producer validation and receipts.
 //! - [`stream`]: one stream's state, boundaries and TTL decisions.
 //! - [`snapshot`]: snapshot digests and the publish/delete checks.
@@ -29,6 +30,7 @@ pub mod group;
 pub mod ids;
 pub mod json;
 pub mod offset;
+pub mod parts;
 pub mod producer;
 pub mod records;
 pub mod retention;

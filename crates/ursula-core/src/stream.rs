@@ -5,7 +5,7 @@ use crate::cold::ColdChunks;
 use crate::command::Lifetime;
 use crate::ids::{Incarnation, StreamKey};
 use crate::producer::ProducerState;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{ColdSnapshotRef, Snapshot};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -71,6 +71,9 @@ pub struct StreamState {
     pub retained: u64,
     /// The visible (latest) snapshot.
     pub snapshot: Option<Snapshot>,
+    /// Where the visible snapshot's blob is when it lives in the cold tier (then
+    /// `snapshot.blob` is empty). Schema 2.
+    pub snapshot_object: Option<ColdSnapshotRef>,
     /// Own bytes below `data_start` that were flushed to the cold tier (see [`crate::cold`]).
     pub cold: ColdChunks,
 }
@@ -221,6 +224,7 @@ mod tests {
             cut_offset: 0,
             retained: 0,
             snapshot: None,
+            snapshot_object: None,
             cold: ColdChunks::default(),
         };
         for l in lines {

@@ -22,6 +22,8 @@ pub struct App {
     pub watchers: Arc<crate::watchers::Watchers>,
     /// The cold tier, on a node with a cold backend.
     pub tiering: Option<Arc<crate::tiering::Tiering>>,
+    /// Staged snapshot parts and running commits (snapshot-parts.md §8, §10).
+    pub parts: crate::parts::Registry,
 }
 
 impl App {
@@ -42,6 +44,7 @@ impl App {
             metrics: crate::metrics::Metrics::default(),
             watchers,
             tiering,
+            parts: Default::default(),
         })
     }
 

@@ -7,7 +7,9 @@ mod config;
 mod http;
 mod metrics;
 mod parse_errors;
+mod parts;
 mod server;
+mod snapshot_store;
 mod tiering;
 mod watchers;
 
@@ -236,6 +238,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         t.spawn(&app);
     }
     app.spawn_upkeep();
+    parts::spawn_sweep(&app);
     tokio::spawn(fail_stop_on_storage_failure(node.clone()));
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();

@@ -435,11 +435,16 @@ fn snapshot_reads_and_deletes() {
 
 #[test]
 fn multipart_routes_need_a_cold_backend() {
-    let s = Server::start();
+    // The default node has a cold backend (tests/snapshot_parts.rs covers the routes there).
+    let s = Server::start_with_args(&["--cold-backend", "none"]);
     let p = "/snap/parts";
     assert_status(&s.put(p, OCTETS, b"abc"), 201);
     let r = s.req("POST", &format!("{p}/snapshot/1/parts"), &[], b"part");
     assert_error(&r, 501, "COLD_STORE_NOT_CONFIGURED");
+    // Right after the IDs: before the offset's syntax and the stream's existence (OQ-98).
+    let r = s.req("POST", "/snap/nope/snapshot/x/parts", &[], b"part");
+    assert_error(&r, 501, "COLD_STORE_NOT_CONFIGURED");
+    assert!(s.head(p).header("ursula-max-snapshot-bytes").is_none());
     assert_error(
         &s.delete(&format!("{p}/snapshot/parts")),
         501,

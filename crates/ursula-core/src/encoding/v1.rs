@@ -71,6 +71,7 @@ impl From<StreamStateV1> for StreamState {
             cut_offset: s.cut_offset,
             retained: s.retained,
             snapshot: s.snapshot,
+            snapshot_object: None,
             cold: Default::default(),
         }
     }

@@ -121,6 +121,13 @@ impl GroupState {
             retained,
             snapshot,
         } = history;
+        let (snapshot, snapshot_object) = match snapshot {
+            Some(v) => {
+                let (v, r) = crate::snapshot::ColdSnapshotRef::from_inherited(v);
+                (Some(v), r)
+            }
+            None => (None, None),
+        };
         // A non-JSON fork point inside an append ends that unit for the fork (bootstrap
         // parts never span the fork point).
         if !json && own_start > ends.last().copied().unwrap_or(cut_offset) {
@@ -151,6 +158,7 @@ impl GroupState {
             cut_offset,
             retained,
             snapshot,
+            snapshot_object,
             cold: Default::default(),
         };
         let record_start = s.record_next();

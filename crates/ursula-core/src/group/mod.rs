@@ -118,6 +118,9 @@ impl GroupState {
             Op::PublishSnapshot(req) => self
                 .stream_for_update(&req.key, now, req.incarnation)?
                 .publish_snapshot(req),
+            Op::PublishColdSnapshot(req) => self
+                .stream_for_update(&req.key, now, req.incarnation)?
+                .publish_cold_snapshot(req),
             Op::DeleteSnapshot {
                 key,
                 offset,
@@ -226,6 +229,7 @@ impl GroupState {
             // Kept only for its forks' reads; they hold their own copy of the snapshot.
             s.soft_deleted = true;
             s.snapshot = None;
+            s.snapshot_object = None;
         }
     }
 

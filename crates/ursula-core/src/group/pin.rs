@@ -84,7 +84,7 @@ impl GroupState {
                     v.offset
                 )));
             }
-            Some(v) if v.offset <= point => Some(v.clone()),
+            Some(v) if v.offset <= point => s.inheritable_snapshot(),
             _ => None,
         };
         if s.depth + 1 > MAX_FORK_DEPTH {

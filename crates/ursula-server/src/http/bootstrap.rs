@@ -9,7 +9,6 @@ use crate::app::App;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
-use std::convert::Infallible;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use ursula_core::ErrorCode;
@@ -52,8 +51,10 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
     }
     let key = &target.key;
     let v = read::view(app, key, app.now_ms())?;
+    let mut object = None;
     let plan = app
         .with_stream(key, |s| {
+            object = s.snapshot_object.clone();
             let start = s.snapshot.as_ref().map_or(s.retained, |v| v.offset);
             let lo = s.ends.partition_point(|e| *e <= start);
             let hi = s.ends.partition_point(|e| *e <= s.tail);
@@ -71,6 +72,18 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
             }
         })
         .ok_or_else(|| ApiError::new(ErrorCode::STREAM_NOT_FOUND, "stream not found"))?;
+    // A cold snapshot's blob is streamed from the cold store piece by piece (`502
+    // COLD_STORE_FAILED` if it fails before the answer starts), after one pass over its
+    // pieces that notes where it holds `--bootstrap-`, so the boundary avoids it too.
+    let mut cold_blob = None;
+    if let (Some(r), true) = (&object, plan.snapshot.is_some()) {
+        let cold = crate::snapshot_store::store_of(app)?;
+        let needle = format!("--{BOUNDARY_PREFIX}");
+        let taken =
+            crate::snapshot_store::suffixes_after(cold.clone(), r, needle.as_bytes(), 32).await?;
+        let stream = crate::snapshot_store::blob_stream(cold, r).await?;
+        cold_blob = Some((taken, futures::StreamExt::boxed(stream)));
+    }
     let mut data = Vec::new();
     read::collect(app, key, plan.start, plan.tail, &mut data).await?;
     if touch {
@@ -79,10 +92,10 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
     let data = Bytes::from(data);
     let scanned = data.len() + plan.snapshot.as_ref().map_or(0, |s| s.blob.len());
     if scanned < SCAN_INLINE_MAX {
-        return Ok(respond(plan, data));
+        return Ok(respond(plan, data, cold_blob));
     }
     // Choosing the boundary scans every byte once: keep that off the async workers.
-    tokio::task::spawn_blocking(move || respond(plan, data))
+    tokio::task::spawn_blocking(move || respond(plan, data, cold_blob))
         .await
         .map_err(|_| ApiError::new(ErrorCode::INTERNAL_ERROR, "building the bootstrap failed"))
 }
@@ -102,7 +115,13 @@ fn part_ranges(plan: &Plan) -> Vec<(u64, u64)> {
     out
 }
 
-fn respond(plan: Plan, data: Bytes) -> Response<Body> {
+/// A cold blob: the bytes after each `--bootstrap-` in it, and its pieces.
+type ColdBlob = (
+    Vec<Vec<u8>>,
+    futures::stream::BoxStream<'static, Result<Bytes, std::io::Error>>,
+);
+
+fn respond(plan: Plan, data: Bytes, cold: Option<ColdBlob>) -> Response<Body> {
     let ranges = part_ranges(&plan);
     let piece =
         |(a, b): (u64, u64)| data.slice((a - plan.start) as usize..(b - plan.start) as usize);
@@ -110,7 +129,11 @@ fn respond(plan: Plan, data: Bytes) -> Response<Body> {
         .snapshot
         .as_ref()
         .map_or_else(Bytes::new, |s| s.blob.clone());
-    let boundary = pick_boundary(&[&blob, &data]);
+    let (taken, cold_stream) = match cold {
+        Some((t, st)) => (t, Some(st)),
+        None => (Vec::new(), None),
+    };
+    let boundary = pick_boundary(&[&blob, &data], &taken);
     let dash = format!("--{boundary}");
     let snapshot_ct = plan
         .snapshot
@@ -123,13 +146,21 @@ fn respond(plan: Plan, data: Bytes) -> Response<Body> {
     };
     let head = format!("{dash}\r\nContent-Type: {snapshot_ct}\r\n\r\n");
     let part_head = format!("\r\n{dash}\r\nContent-Type: {update_ct}\r\n\r\n");
-    let mut chunks = vec![Bytes::from(head), blob];
+    let mut chunks = vec![];
     for r in ranges {
         chunks.push(Bytes::from(part_head.clone()));
         chunks.push(piece(r));
     }
     chunks.push(Bytes::from(format!("\r\n{dash}--\r\n")));
-    let stream = futures::stream::iter(chunks.into_iter().map(Ok::<_, Infallible>));
+    let ok = |v: Vec<Bytes>| futures::stream::iter(v.into_iter().map(Ok::<_, std::io::Error>));
+    let blob_part = match cold_stream {
+        Some(st) => st,
+        None => futures::StreamExt::boxed(ok(vec![blob])),
+    };
+    let stream = futures::StreamExt::chain(
+        futures::StreamExt::chain(ok(vec![Bytes::from(head)]), blob_part),
+        ok(chunks),
+    );
     let mut resp = Response::new(Body::from_stream(stream));
     let hm = resp.headers_mut();
     h::put(
@@ -153,10 +184,10 @@ fn respond(plan: Plan, data: Bytes) -> Response<Body> {
 }
 
 /// A `bootstrap-` + 32 random hex boundary that occurs in none of the bodies.
-fn pick_boundary(bodies: &[&[u8]]) -> String {
+fn pick_boundary(bodies: &[&[u8]], also_taken: &[Vec<u8>]) -> String {
     let state = RandomState::new();
     let mut n = 0u64;
-    choose_boundary(bodies, || {
+    choose_boundary(bodies, also_taken, || {
         n += 1;
         let (a, b) = (state.hash_one(n), state.hash_one(!n));
         format!("{a:016x}{b:016x}")
@@ -165,9 +196,13 @@ fn pick_boundary(bodies: &[&[u8]]) -> String {
 
 /// The first candidate (`bootstrap-` + `next()`) that occurs in none of the bodies. Every
 /// occurrence of `--bootstrap-` in a body is noted first, so the bytes are scanned once.
-fn choose_boundary(bodies: &[&[u8]], mut next: impl FnMut() -> String) -> String {
+fn choose_boundary(
+    bodies: &[&[u8]],
+    also_taken: &[Vec<u8>],
+    mut next: impl FnMut() -> String,
+) -> String {
     let needle = format!("--{BOUNDARY_PREFIX}");
-    let mut taken: Vec<&[u8]> = Vec::new();
+    let mut taken: Vec<&[u8]> = also_taken.iter().map(Vec::as_slice).collect();
     for body in bodies {
         for at in find_all(body, needle.as_bytes()) {
             taken.push(&body[at + needle.len()..]);
@@ -214,7 +249,7 @@ mod tests {
 
     #[test]
     fn boundary_avoids_the_bodies() {
-        let b = pick_boundary(&[b"hello", b""]);
+        let b = pick_boundary(&[b"hello", b""], &[]);
         assert!(b.starts_with(BOUNDARY_PREFIX) && b.len() == BOUNDARY_PREFIX.len() + 32);
         assert!(
             b[BOUNDARY_PREFIX.len()..]
@@ -225,9 +260,18 @@ mod tests {
         let second = "1".repeat(32);
         let body = format!("x\r\n--{BOUNDARY_PREFIX}{first}\r\n");
         let mut candidates = [first.clone(), second.clone()].into_iter();
-        let chosen = choose_boundary(&[b"", body.as_bytes()], || {
+        let chosen = choose_boundary(&[b"", body.as_bytes()], &[], || {
             candidates.next().unwrap_or_default()
         });
         assert_eq!(chosen, format!("{BOUNDARY_PREFIX}{second}"));
+        let mut candidates = [first.clone(), second.clone()].into_iter();
+        let chosen = choose_boundary(&[], &[first.clone().into_bytes()], || {
+            candidates.next().unwrap_or_default()
+        });
+        assert_eq!(
+            chosen,
+            format!("{BOUNDARY_PREFIX}{second}"),
+            "a cold blob's occurrences"
+        );
     }
 }

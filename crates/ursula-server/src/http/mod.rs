@@ -9,6 +9,7 @@ pub mod headers;
 pub mod host;
 pub mod long_poll;
 pub mod ops;
+pub mod parts;
 pub mod path;
 pub mod query;
 pub mod read;

@@ -462,5 +462,12 @@ pub fn head(app: &Arc<App>, target: &Target, hm: &HeaderMap) -> ApiResult {
         &h::MAX_SNAPSHOT_REQUEST_BYTES_HDR,
         &MAX_SNAPSHOT_REQUEST_BYTES.to_string(),
     );
+    if app.tiering.is_some() {
+        h::put_u64(
+            out,
+            &super::parts::MAX_SNAPSHOT_BYTES_HDR,
+            ursula_core::parts::MAX_SNAPSHOT_BYTES,
+        );
+    }
     Ok(r)
 }

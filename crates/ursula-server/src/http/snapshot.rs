@@ -37,7 +37,7 @@ pub async fn handle(
             _ => Err(method_not_allowed("GET, HEAD, PUT, OPTIONS")),
         },
         [p] if p == "parts" => match method {
-            Method::DELETE => Err(no_cold_store()),
+            Method::DELETE => super::parts::discard(app, target, req.headers()).await,
             _ => Err(method_not_allowed("DELETE, OPTIONS")),
         },
         [off] => match method {
@@ -47,20 +47,12 @@ pub async fn handle(
             Method::DELETE => delete(app, target, off, req.headers()).await,
             _ => Err(method_not_allowed("GET, HEAD, PUT, DELETE, OPTIONS")),
         },
-        [_, p] if p == "parts" => match method {
-            Method::POST => Err(no_cold_store()),
+        [off, p] if p == "parts" => match method {
+            Method::POST => super::parts::stage(app, target, off, req).await,
             _ => Err(method_not_allowed("POST, OPTIONS")),
         },
         _ => Err(not_found()),
     }
-}
-
-fn no_cold_store() -> ApiError {
-    ApiError::new(
-        ErrorCode::COLD_STORE_NOT_CONFIGURED,
-        "multi-part snapshots need a cold backend, which this node does not have; \
-         publish snapshots of up to 128 MiB in one PUT",
-    )
 }
 
 /// A `{offset}` path segment: digits only (protocol.md §3.2).
@@ -101,7 +93,7 @@ pub fn record_query(query: Option<&str>) -> Result<u64, ApiError> {
 
 /// The snapshot's own content type: visible ASCII, normalized, `application/octet-stream`
 /// when absent or empty.
-fn snapshot_content_type(hm: &HeaderMap) -> Result<String, ApiError> {
+pub(super) fn snapshot_content_type(hm: &HeaderMap) -> Result<String, ApiError> {
     let Some(v) = hm.get(http::header::CONTENT_TYPE) else {
         return Ok("application/octet-stream".to_owned());
     };
@@ -125,7 +117,7 @@ fn snapshot_content_type(hm: &HeaderMap) -> Result<String, ApiError> {
 }
 
 /// `Stream-Snapshot-Match`: an empty value is malformed.
-fn snapshot_match(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
+pub(super) fn snapshot_match(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
     match h::text(hm, &h::STREAM_SNAPSHOT_MATCH, ErrorCode::INVALID_HEADER)? {
         None => Ok(None),
         Some(v) if v.trim().is_empty() => Err(ApiError::new(
@@ -155,7 +147,17 @@ async fn publish(
     let (parts, body) = req.into_parts();
     let hm = &parts.headers;
     if hm.contains_key(&h::STREAM_SNAPSHOT_PARTS) {
-        return Err(no_cold_store());
+        let (Some(off), true) = (offset, true) else {
+            return Err(crate::snapshot_store::store_of(app)
+                .err()
+                .unwrap_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::INVALID_SNAPSHOT_MANIFEST,
+                        "a commit names its offset in the path",
+                    )
+                }));
+        };
+        return super::parts::commit(app, target, off, Request::from_parts(parts, body)).await;
     }
     let at = match offset {
         Some(o) => At::Offset(path_offset(o)?),
@@ -167,6 +169,25 @@ async fn publish(
     // The stream keeps the blob as it is: it must not pin a connection's read buffer.
     let blob = body::read_owned(app, hm, body, MAX_SNAPSHOT_REQUEST_BYTES).await?;
     let digest = digest_of(content_type.clone(), blob.clone()).await?;
+    if let (Some(t), false) = (&app.tiering, blob.is_empty()) {
+        // On a node with a cold backend the blob is a cold object (extensions.md §6).
+        let hint = match at {
+            At::Offset(o) => o,
+            At::Record(_) => 0,
+        };
+        let p = crate::snapshot_store::ColdPublish {
+            key: target.key.clone(),
+            incarnation,
+            parts_incarnation: None,
+            at,
+            content_type,
+            digest,
+            snapshot_match,
+            object: Default::default(),
+        };
+        let r = crate::snapshot_store::publish_blob(app, &t.store, p, blob, hint).await?;
+        return Ok(published(&r));
+    }
     let op = Op::PublishSnapshot(Box::new(PublishSnapshotReq {
         key: target.key.clone(),
         incarnation,
@@ -185,7 +206,7 @@ async fn publish(
     }
 }
 
-fn published(r: &SnapshotReply) -> Response<Body> {
+pub(super) fn published(r: &SnapshotReply) -> Response<Body> {
     let mut resp = render::empty(StatusCode::NO_CONTENT);
     let hm = resp.headers_mut();
     put_snapshot(hm, r.offset, &r.digest);
@@ -249,15 +270,31 @@ fn latest(app: &Arc<App>, target: &Target) -> ApiResult {
 async fn read_at(app: &Arc<App>, target: &Target, seg: &str, touch: bool) -> ApiResult {
     let offset = path_offset(seg)?;
     let v = read::view(app, &target.key, app.now_ms())?;
-    let snapshot = app
-        .with_stream(&target.key, |s| s.snapshot.clone())
+    let (snapshot, object) = app
+        .with_stream(&target.key, |s| {
+            s.snapshot.clone().map(|v| (v, s.snapshot_object.clone()))
+        })
         .flatten()
-        .filter(|s| s.offset == offset)
+        .filter(|(s, _)| s.offset == offset)
         .ok_or_else(|| snapshot_not_found(format!("no snapshot at offset {offset}")))?;
+    let body = match (&object, &app.tiering) {
+        (None, _) => Body::from(snapshot.blob),
+        (Some(r), Some(t)) => {
+            Body::from_stream(crate::snapshot_store::blob_stream(t.store.clone(), r).await?)
+        }
+        (Some(_), None) => {
+            return Err(crate::snapshot_store::store_of(app)
+                .err()
+                .unwrap_or_else(|| ApiError::new(ErrorCode::INTERNAL_ERROR, "no cold store")));
+        }
+    };
     if touch {
         read::touch_if_due(app, &target.key, &v).await;
     }
-    let mut resp = Response::new(Body::from(snapshot.blob));
+    let mut resp = Response::new(body);
+    if let Some(r) = &object {
+        h::put_u64(resp.headers_mut(), &http::header::CONTENT_LENGTH, r.len);
+    }
     let hm = resp.headers_mut();
     h::put(hm, &http::header::CONTENT_TYPE, &snapshot.content_type);
     put_snapshot(hm, offset, &snapshot.digest);

@@ -284,6 +284,13 @@ pub async fn delete(app: &Arc<App>, target: &Target, hm: &HeaderMap) -> ApiResul
         key: target.key.clone(),
         incarnation,
     };
+    let before = app.with_stream(&target.key, |s| {
+        (
+            s.incarnation,
+            s.snapshot_object.as_ref().map(|r| r.key.clone()),
+        )
+    });
     app.propose(app.group_of(&target.key), op).await?;
+    crate::parts::after_stream_delete(app, &target.key, before);
     Ok(render::empty(StatusCode::NO_CONTENT))
 }

@@ -111,6 +111,13 @@ pub struct ColdConfig {
     pub gc_interval: Duration,
     /// Objects deleted per group per GC pass. Default: 256.
     pub gc_max_entries: usize,
+    /// Age after which the orphan sweep reclaims a staged snapshot part no commit used, and
+    /// a snapshot object nothing references (snapshot-parts.md §9). Default: `1d`.
+    #[serde(deserialize_with = "duration")]
+    pub snapshot_part_grace: Duration,
+    /// Orphan-sweep tick (non-zero). Default: `1h`.
+    #[serde(deserialize_with = "duration")]
+    pub snapshot_part_sweep_interval: Duration,
     /// `[storage.cold.cache]`: a bounded cache of cold blocks with read-ahead. Default: no
     /// cache (present without keys: the defaults of [`CacheConfig`]).
     pub cache: Option<CacheConfig>,
@@ -155,6 +162,8 @@ impl Default for ColdConfig {
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
             cache: None,
+            snapshot_part_grace: Duration::from_secs(86_400),
+            snapshot_part_sweep_interval: Duration::from_secs(3_600),
         }
     }
 }
@@ -321,7 +330,9 @@ pub enum ColdConfigError {
     PartialCredentials,
     #[error("storage.cold.s3.kms_key_id needs server_side_encryption = \"aws-kms\"")]
     KmsKeyWithoutKms,
-    #[error("storage.cold.flush_interval and gc_interval must be non-zero")]
+    #[error(
+        "storage.cold.flush_interval, gc_interval and snapshot_part_sweep_interval must be non-zero"
+    )]
     ZeroInterval,
     #[error("storage.cold.flush_size (or flush_max_size) and gc_max_entries must be non-zero")]
     ZeroFlushSize,
@@ -395,7 +406,10 @@ impl ColdConfig {
             "check",
         )
         .map_err(ColdConfigError::InvalidRoot)?;
-        if self.flush_interval.is_zero() || self.gc_interval.is_zero() {
+        if self.flush_interval.is_zero()
+            || self.gc_interval.is_zero()
+            || self.snapshot_part_sweep_interval.is_zero()
+        {
             return Err(ColdConfigError::ZeroInterval);
         }
         if self.flush_max_size() == 0 || self.gc_max_entries == 0 {
