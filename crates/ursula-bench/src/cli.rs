@@ -71,6 +71,9 @@ pub enum Command {
     Longpoll(LongpollArgs),
     /// Create K streams with one small append each; report server RSS per stream.
     Idle(IdleArgs),
+    /// Append more than the hot tier holds (default 4 GiB over 100 streams), sample server
+    /// RSS, measure the data dir, read every byte back and verify it.
+    ColdSoak(ColdSoakArgs),
     /// Every scenario for about a second with tiny sizes; non-zero exit if the
     /// generator failed (not on speed).
     Smoke(SmokeArgs),
@@ -169,6 +172,46 @@ pub struct IdleArgs {
     /// Pause after creating before reading RSS the second time.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub settle: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ColdSoakArgs {
+    #[arg(long, default_value_t = 100)]
+    pub streams: usize,
+    /// Bytes appended in all (spread evenly over the streams).
+    #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+    pub total_bytes: usize,
+    /// Bytes per append.
+    #[arg(long, default_value = "256KiB", value_parser = parse_size)]
+    pub append_size: usize,
+    #[arg(long, short = 'c', default_value_t = 8)]
+    pub connections: usize,
+    /// Server process whose VmRSS is sampled (omit: no memory figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// The server's data dir, measured after the appends (omit: no disk figures).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// How often the server's RSS is sampled.
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
+    pub rss_interval: Duration,
+    /// The WAL counts as purged once it has not shrunk for this long.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub purge_settle: Duration,
+    /// Longest wait for the WAL to be purged.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub purge_timeout: Duration,
+    /// Without --data-dir: before reading, wait up to this long for the server's
+    /// `cold_bytes` metric to become non-zero, so the read spans both tiers.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub wait_cold: Duration,
+    /// Attempts per append (503s and transport errors are retried) before giving up.
+    #[arg(long, default_value_t = 600)]
+    pub max_attempts: u32,
+    /// Do not append: read back and verify the streams of this earlier run id (same
+    /// --streams and --total-bytes).
+    #[arg(long)]
+    pub run: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -506,6 +549,34 @@ mod tests {
         assert!(matches!(c.command, Command::Floor(ref f) if f.listen.port() == 5555));
         assert!(Cli::try_parse_from(["ursula-bench", "floor", "--listen", "nope"]).is_err());
         assert!(Cli::try_parse_from(["ursula-bench", "append", "--layout", "weird"]).is_err());
+    }
+
+    #[test]
+    fn cold_soak_defaults() {
+        let c = parse(&["cold-soak"]);
+        let Command::ColdSoak(a) = c.command else {
+            panic!("not cold-soak")
+        };
+        assert_eq!(
+            (a.streams, a.total_bytes, a.append_size),
+            (100, 4 << 30, 256 << 10)
+        );
+        assert!(a.run.is_none() && a.server_pid.is_none() && a.data_dir.is_none());
+        let c = parse(&[
+            "cold-soak",
+            "--total-bytes",
+            "64MiB",
+            "--streams",
+            "10",
+            "--server-pid",
+            "7",
+            "--data-dir",
+            "/tmp/x",
+            "--run",
+            "abc",
+        ]);
+        assert!(matches!(c.command, Command::ColdSoak(ref a)
+            if a.total_bytes == 64 << 20 && a.server_pid == Some(7) && a.run.as_deref() == Some("abc")));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use clap::Parser;
 use cli::{Cli, Command};
 use client::Endpoint;
 use report::{json_line, note};
-use scenarios::{append, fanout, idle, longpoll, read};
+use scenarios::{append, cold_soak, fanout, idle, longpoll, read};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -123,6 +123,14 @@ async fn async_main(cli: Cli) -> Result<ExitCode> {
         Command::Fanout(a) => emit!(fanout::run(ep, a).await?),
         Command::Longpoll(a) => emit!(longpoll::run(ep, a).await?),
         Command::Idle(a) => emit!(idle::run(ep, a).await?),
+        Command::ColdSoak(a) => {
+            let rep = cold_soak::run(ep, a, quiet).await?;
+            let ok = rep.problems().is_empty();
+            emit!(rep);
+            if !ok {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
         Command::Smoke(a) => {
             if !smoke::run(ep, a, quiet).await? {
                 return Ok(ExitCode::FAILURE);

@@ -12,10 +12,12 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::cli::{AppendArgs, FanoutArgs, IdleArgs, LongpollArgs, ReadArgs, SmokeArgs};
+use crate::cli::{
+    AppendArgs, ColdSoakArgs, FanoutArgs, IdleArgs, LongpollArgs, ReadArgs, SmokeArgs,
+};
 use crate::client::Endpoint;
 use crate::report::{json_line, note};
-use crate::scenarios::{append, fanout, idle, longpoll, read};
+use crate::scenarios::{append, cold_soak, fanout, idle, longpoll, read};
 
 #[derive(Debug, Serialize)]
 struct SmokeSummary {
@@ -99,6 +101,23 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         settle: Duration::from_millis(100),
     };
     step!("idle", idle::run(ep.clone(), &i));
+    // A tiny cold soak: 64 MiB over 10 streams is past the default flush threshold (8 MiB per
+    // group), so on a node with a cold tier the read back spans both tiers.
+    let c = ColdSoakArgs {
+        streams: 10,
+        total_bytes: 64 << 20,
+        append_size: 256 << 10,
+        connections: 4,
+        server_pid: args.server_pid,
+        data_dir: None,
+        rss_interval: Duration::from_millis(100),
+        purge_settle: Duration::ZERO,
+        purge_timeout: Duration::ZERO,
+        wait_cold: Duration::from_secs(5),
+        max_attempts: 60,
+        run: None,
+    };
+    step!("cold-soak", cold_soak::run(ep.clone(), &c, true));
 
     let ok = failures.is_empty() && (!args.strict || problems.is_empty());
     let summary = SmokeSummary {

@@ -2,6 +2,7 @@
 //! measurement window.
 
 pub mod append;
+pub mod cold_soak;
 pub mod fanout;
 pub mod idle;
 pub mod longpoll;
