@@ -138,6 +138,11 @@ pub struct ColdState {
     pub gc: BTreeSet<ObjectId>,
     /// The lowest id no flush has used.
     pub next_object: u64,
+    /// The group's key namespace in the cold store, chosen at random by the leader of its
+    /// first flush (`0`: none yet). Object keys include it, so two deployments sharing a
+    /// bucket (or a data dir started afresh against an old store) never take each other's
+    /// objects for their own orphans.
+    pub namespace: u64,
 }
 
 impl ColdState {
@@ -171,6 +176,8 @@ pub struct FlushSlice {
 /// Publishes an uploaded object's slices as chunk references (cluster.md §6.2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FlushReq {
+    /// The group's namespace the object was written under (see [`ColdState::namespace`]).
+    pub namespace: u64,
     pub object: ObjectId,
     /// Payload bytes of the object (the sum of its slices).
     pub object_len: u64,
@@ -271,6 +278,13 @@ impl crate::group::GroupState {
     /// without slices is how a leader hands over an object it found already uploaded by an
     /// attempt that never committed (an orphan) for deletion.
     pub(crate) fn apply_flush(&mut self, req: &FlushReq) {
+        if self.cold.namespace == 0 {
+            self.cold.namespace = req.namespace;
+        } else if req.namespace != self.cold.namespace {
+            // Written under a namespace this group does not use (a former leader's first
+            // flush raced another's): not this group's object to reference or delete.
+            return;
+        }
         if self.cold.objects.contains_key(&req.object) || self.cold.gc.contains(&req.object) {
             return;
         }

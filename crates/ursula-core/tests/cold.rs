@@ -121,6 +121,7 @@ impl World {
             });
         }
         let req = FlushReq {
+            namespace: 0,
             object: id,
             object_len: object.len() as u64,
             slices,
@@ -401,6 +402,7 @@ fn a_stale_flush_publishes_nothing_and_its_object_is_collected() {
     // Retention drops every byte before the flush commits.
     w.retain("a", 255);
     let req = FlushReq {
+        namespace: 0,
         object: ObjectId(w.g.cold.next_object),
         object_len: 100,
         slices: vec![FlushSlice {
@@ -429,6 +431,7 @@ fn a_flush_after_partial_retention_references_only_what_is_left() {
     let object = ObjectId(w.g.cold.next_object);
     w.store.insert(object, w.model["a"].clone());
     w.apply(Op::ColdFlush(Box::new(FlushReq {
+        namespace: 0,
         object,
         object_len: 100,
         slices: vec![FlushSlice {
@@ -467,6 +470,7 @@ fn orphans_and_flushes_that_lost_a_race_are_collected() {
     w.append("a", 100);
     // A leader found object 0 already uploaded by an attempt that never committed.
     w.apply(Op::ColdFlush(Box::new(FlushReq {
+        namespace: 0,
         object: ObjectId(0),
         object_len: 0,
         slices: Vec::new(),
@@ -487,6 +491,7 @@ fn orphans_and_flushes_that_lost_a_race_are_collected() {
     };
     w.store.insert(ObjectId(0), vec![0; 100]);
     w.apply(Op::ColdFlush(Box::new(FlushReq {
+        namespace: 0,
         object: ObjectId(0),
         object_len: 100,
         slices: vec![c],
@@ -496,5 +501,40 @@ fn orphans_and_flushes_that_lost_a_race_are_collected() {
     w.check();
     w.gc();
     assert!(w.g.cold.gc.is_empty());
+    w.check();
+}
+
+#[test]
+fn the_first_flush_sets_the_namespace_and_others_are_ignored() {
+    let mut w = World::new();
+    w.append("a", 100);
+    let inc = w.g.streams[&key("a")].incarnation;
+    let slice = |start, end| FlushSlice {
+        key: key("a"),
+        incarnation: inc,
+        start,
+        end,
+        pos: 0,
+    };
+    let first = w.model["a"][..50].to_vec();
+    w.store.insert(ObjectId(0), first);
+    w.apply(Op::ColdFlush(Box::new(FlushReq {
+        namespace: 7,
+        object: ObjectId(0),
+        object_len: 50,
+        slices: vec![slice(0, 50)],
+    })))
+    .unwrap();
+    assert_eq!(w.g.cold.namespace, 7);
+    // A flush under another namespace (a racing former leader's) is not this group's.
+    w.apply(Op::ColdFlush(Box::new(FlushReq {
+        namespace: 8,
+        object: ObjectId(1),
+        object_len: 50,
+        slices: vec![slice(50, 100)],
+    })))
+    .unwrap();
+    assert_eq!(w.g.streams[&key("a")].hot_len(), 50);
+    assert!(!w.g.cold.gc.contains(&ObjectId(1)) && w.g.cold.next_object == 1);
     w.check();
 }

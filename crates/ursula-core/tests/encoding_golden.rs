@@ -195,6 +195,7 @@ fn samples() -> Vec<Command> {
             bucket: "purged".into(),
         },
         Op::ColdFlush(Box::new(FlushReq {
+            namespace: 0x0123_4567_89ab_cdef,
             object: ObjectId(7),
             object_len: 300,
             slices: vec![FlushSlice {

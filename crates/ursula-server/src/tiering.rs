@@ -102,6 +102,11 @@ impl ColdHealth {
         *ops = failing;
     }
 
+    /// A referenced object was missing on a fresh plan: the store lost data.
+    pub fn note_missing_object(&self) {
+        self.set_ops(Some("a referenced cold object is missing".to_owned()));
+    }
+
     /// Why the cold store is unhealthy, if it is (a readiness reason, cluster.md §9.2).
     pub fn reason(&self) -> Option<String> {
         let probe = self.probe.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -126,9 +131,24 @@ pub struct Tiering {
     hot: Vec<AtomicU64>,
 }
 
-/// The key of a group's chunk object (cluster.md §6; one prefix per group).
-pub fn chunk_key(group: u32, id: ObjectId) -> Result<ObjectKey, ColdError> {
-    ObjectKey::new(format!("chunks/g{group:05}/{:020}.chunk", id.0))
+/// The key of a group's chunk object (cluster.md §6): one prefix per group namespace.
+pub fn chunk_key(namespace: u64, group: u32, id: ObjectId) -> Result<ObjectKey, ColdError> {
+    ObjectKey::new(format!(
+        "chunks/{namespace:016x}/g{group:05}/{:020}.chunk",
+        id.0
+    ))
+}
+
+/// A fresh, non-zero namespace for a group's first flush.
+fn fresh_namespace() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }
 
 fn cold_failed(e: &ColdError) -> ApiError {
@@ -136,6 +156,14 @@ fn cold_failed(e: &ColdError) -> ApiError {
         ErrorCode::COLD_STORE_FAILED,
         format!("the cold store failed to serve the read: {e}"),
     )
+}
+
+/// Why a cold piece could not be fetched.
+pub enum FetchError {
+    /// The object is not in the store.
+    Missing,
+    /// The store failed, or the bytes fail their checksums.
+    Failed(ApiError),
 }
 
 /// Clears a group's busy flag when a pass ends, however it ends.
@@ -189,6 +217,10 @@ impl Tiering {
     /// and upload outside it, then publish with a replicated command. Returns the bytes
     /// moved.
     pub async fn flush_group(&self, app: &Arc<App>, group: u32, force: bool) -> u64 {
+        // Leader-only work (cluster.md §6.2): a follower applies the leader's flushes.
+        if !app.node.leads(group) {
+            return 0;
+        }
         let Some(_busy) = self.claim(group) else {
             return 0;
         };
@@ -218,10 +250,15 @@ impl Tiering {
                 }
                 pieces.push(p);
             }
-            Some((g.cold.next_object, picked, pieces))
+            Some((g.cold.next_object, g.cold.namespace, picked, pieces))
         });
-        let Some((mut next, picked, pieces)) = planned else {
+        let Some((mut next, namespace, picked, pieces)) = planned else {
             return 0;
+        };
+        let namespace = if namespace == 0 {
+            fresh_namespace()
+        } else {
+            namespace
         };
         let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
         let mut body = chunk_object::ChunkWriter::new(total);
@@ -250,7 +287,7 @@ impl Tiering {
         let mut uploaded = None;
         for _ in 0..16 {
             let id = ObjectId(next);
-            let Ok(key) = chunk_key(group, id) else {
+            let Ok(key) = chunk_key(namespace, group, id) else {
                 return 0;
             };
             match self
@@ -265,6 +302,7 @@ impl Tiering {
                     // Left by an attempt that uploaded but never committed: hand it to GC
                     // (an empty flush of its id), then take the next id.
                     let orphan = FlushReq {
+                        namespace,
                         object: id,
                         object_len: 0,
                         slices: Vec::new(),
@@ -296,6 +334,7 @@ impl Tiering {
         };
         self.health.set_ops(None);
         let req = FlushReq {
+            namespace,
             object: id,
             object_len: total,
             slices,
@@ -321,12 +360,11 @@ impl Tiering {
                 total
             }
             false => {
-                // Not published: the object is garbage. Deleting it is best effort; the
-                // orphan sweep reclaims it otherwise.
+                // Not known to be published. Never delete the object here: the command may
+                // still commit (an unknown outcome, a shutdown after the log took it) and then
+                // reference it. If it did not, the next flush finds the object at the group's
+                // next id and hands it to GC through the log, after any such command.
                 inc(&self.metrics.flush_errors, 1);
-                if let Ok(key) = chunk_key(group, id) {
-                    let _ = self.store.delete(&key).await;
-                }
                 0
             }
         }
@@ -335,20 +373,19 @@ impl Tiering {
     /// One GC pass of `group`: deletes up to `gc_max_entries` unreferenced objects, then
     /// forgets them with a replicated command.
     pub async fn gc_group(&self, app: &Arc<App>, group: u32) {
+        if !app.node.leads(group) {
+            return;
+        }
         let Some(_busy) = self.claim(group) else {
             return;
         };
-        let queued: Vec<ObjectId> = app.with_group(group, |g| {
-            g.cold
-                .gc
-                .iter()
-                .take(self.cfg.gc_max_entries)
-                .copied()
-                .collect()
+        let (namespace, queued): (u64, Vec<ObjectId>) = app.with_group(group, |g| {
+            let ids = g.cold.gc.iter().take(self.cfg.gc_max_entries).copied();
+            (g.cold.namespace, ids.collect())
         });
         let mut done = Vec::with_capacity(queued.len());
         for id in queued {
-            let Ok(key) = chunk_key(group, id) else {
+            let Ok(key) = chunk_key(namespace, group, id) else {
                 continue;
             };
             match self.timed(self.store.delete(&key)).await {
@@ -465,17 +502,19 @@ impl Tiering {
         ]
     }
 
-    /// Appends the bytes of one cold piece to `out`, checked block by block.
+    /// Appends the bytes of one cold piece to `out`, checked block by block. A missing
+    /// object is [`FetchError::Missing`] (GC may have deleted it after the read was planned:
+    /// the caller plans again) and does not count against the store's health.
     pub async fn fetch(
         &self,
-        group: u32,
+        (namespace, group): (u64, u32),
         object: ObjectId,
-        pos: u64,
-        len: u64,
-        object_len: u64,
+        (pos, len, object_len): (u64, u64, u64),
         out: &mut Vec<u8>,
-    ) -> Result<(), ApiError> {
-        let key = chunk_key(group, object).map_err(|e| cold_failed(&e))?;
+    ) -> Result<(), FetchError> {
+        let key =
+            chunk_key(namespace, group, object).map_err(|e| FetchError::Failed(cold_failed(&e)))?;
+        let mark = out.len();
         let read = cold_read::read(
             self.store.as_ref(),
             self.cache.as_ref(),
@@ -484,21 +523,28 @@ impl Tiering {
             (pos, len, object_len),
             out,
         );
-        match self.timed(read).await {
+        let result = self.timed(read).await;
+        if result.is_err() {
+            out.truncate(mark);
+        }
+        match result {
             Ok(()) => self.health.set_ops(None),
+            Err(cold_read::ReadError::Store(ColdError::NotFound { .. })) => {
+                return Err(FetchError::Missing);
+            }
             Err(cold_read::ReadError::Store(e)) => {
                 inc(&self.metrics.cold_read_errors, 1);
                 tracing::debug!(group, object = object.0, error = %e, "cold read failed");
                 self.health.set_ops(Some(format!("read failed: {e}")));
-                return Err(cold_failed(&e));
+                return Err(FetchError::Failed(cold_failed(&e)));
             }
             Err(cold_read::ReadError::Corrupt(e)) => {
                 inc(&self.metrics.cold_read_errors, 1);
                 tracing::error!(group, object = object.0, error = %e, "cold object is corrupt");
-                return Err(ApiError::new(
+                return Err(FetchError::Failed(ApiError::new(
                     ErrorCode::COLD_STORE_FAILED,
                     format!("a cold object failed its checksum: {e}"),
-                ));
+                )));
             }
         }
         inc(&self.metrics.cold_reads, 1);

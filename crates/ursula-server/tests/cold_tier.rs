@@ -240,10 +240,9 @@ fn a_failing_cold_store_fails_cold_reads_only_and_heals() {
         append(&s, "/fail/a", &body);
         want.extend_from_slice(&body);
     }
-    assert!(wait_until(Duration::from_secs(20), || metric(
-        &s,
-        "cold_bytes"
-    ) >= 128 * 1024));
+    // Flushed, and no flush due or in flight (one in flight still counts its bytes as hot).
+    let settled = || metric(&s, "cold_bytes") >= 128 * 1024 && metric(&s, "hot_bytes") < 64 * 1024;
+    assert!(wait_until(Duration::from_secs(20), settled));
     // The store goes away: its directory is replaced by a file, so neither reads nor
     // uploads (which would create missing directories) can succeed.
     let cold = tmp.path().join("data/cold");
@@ -457,34 +456,58 @@ fn the_cold_tier_works_on_a_real_s3_server() {
 #[test]
 fn an_orphan_object_from_an_interrupted_flush_is_deleted() {
     let tmp = tempfile::tempdir().unwrap();
-    // What a crashed flush leaves: group 0's next object, uploaded, never published.
-    let orphan = tmp
-        .path()
-        .join("data/cold/chunks/g00000/00000000000000000000.chunk");
-    std::fs::create_dir_all(orphan.parent().unwrap()).unwrap();
-    std::fs::write(&orphan, b"left by a crashed flush").unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nflush_size = \"64KiB\"\nflush_interval = \"50ms\"\ngc_interval = \"100ms\"\n",
+    )
+    .unwrap();
     let s = Server::start_in_with_args(
         &tmp.path().join("data"),
-        &["--group-count", "1", "--config", &{
-            let cfg = tmp.path().join("ursula.toml");
-            std::fs::write(
-                &cfg,
-                "[storage.cold]\nflush_size = \"64KiB\"\nflush_interval = \"50ms\"\ngc_interval = \"100ms\"\n",
-            )
-            .unwrap();
-            cfg.to_str().unwrap().to_owned()
-        }],
+        &["--group-count", "1", "--config", cfg.to_str().unwrap()],
     );
     assert_eq!(s.put("/orph/a", OCTET, b"").status, 201);
     let mut want = Vec::new();
-    for _ in 0..8 {
-        let body = pattern(1, want.len(), 16 * 1024);
-        append(&s, "/orph/a", &body);
-        want.extend_from_slice(&body);
-    }
+    let write = |n: usize, want: &mut Vec<u8>| {
+        for _ in 0..n {
+            let body = pattern(1, want.len(), 16 * 1024);
+            append(&s, "/orph/a", &body);
+            want.extend_from_slice(&body);
+        }
+    };
+    write(6, &mut want);
+    assert!(wait_until(Duration::from_secs(20), || metric(
+        &s,
+        "cold_objects"
+    ) > 0));
+    // The group's objects: chunks/{namespace}/g00000/{id}.chunk. What a crashed flush leaves
+    // is an object at the next id, uploaded and never published.
+    let chunks = tmp.path().join("data/cold/chunks");
+    let ns = std::fs::read_dir(&chunks)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let dir = ns.join("g00000");
+    let last: u64 = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".chunk")?
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap();
+    let orphan = dir.join(format!("{:020}.chunk", last + 1));
+    std::fs::write(&orphan, b"left by a crashed flush").unwrap();
+    write(6, &mut want);
     assert!(
         wait_until(Duration::from_secs(20), || !orphan.exists()
-            && metric(&s, "cold_bytes") > 0),
+            && metric(&s, "cold_objects") >= 2),
         "the orphan was not deleted: {}",
         s.metrics()
     );

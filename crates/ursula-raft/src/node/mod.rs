@@ -312,6 +312,13 @@ impl Node {
         self.wal.health()
     }
 
+    /// Whether this node leads `group` right now (leader-only work: cold flush and GC).
+    pub fn leads(&self, group: u32) -> bool {
+        self.groups
+            .get(group as usize)
+            .is_some_and(|g| g.raft.metrics().borrow().current_leader == Some(self.node_id()))
+    }
+
     /// Groups that have no known leader right now (readiness).
     pub fn leaderless_groups(&self) -> Vec<u32> {
         self.groups

@@ -6,6 +6,7 @@ use super::query::{Live, parse_query, wants_ndjson};
 use super::{ApiResult, headers as h, long_poll, record_read, render, sse};
 use crate::app::App;
 use crate::metrics::inc;
+use crate::tiering::FetchError;
 use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -139,8 +140,37 @@ pub async fn collect(
     end: u64,
     out: &mut Vec<u8>,
 ) -> Result<(), ApiError> {
-    let pieces = plan(app, key, start, end)?;
     out.reserve((end - start) as usize);
+    let mark = out.len();
+    // A missing object means GC deleted it after the plan was made (retention or a delete
+    // released it): plan again, which answers 410 if the range is gone. Missing twice on a
+    // fresh plan is a lost object.
+    for attempt in 0..3 {
+        out.truncate(mark);
+        match collect_planned(app, plan(app, key, start, end)?, out).await {
+            Ok(()) => return Ok(()),
+            Err(FetchError::Missing) if attempt < 2 => continue,
+            Err(FetchError::Missing) => {
+                tracing::error!(stream = ?key, start, end, "a referenced cold object is missing");
+                if let Some(t) = &app.tiering {
+                    t.health.note_missing_object();
+                }
+                return Err(ApiError::new(
+                    ErrorCode::COLD_STORE_FAILED,
+                    "a cold object these bytes live in is missing from the store",
+                ));
+            }
+            Err(FetchError::Failed(e)) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn collect_planned(
+    app: &App,
+    pieces: Vec<(u32, Piece)>,
+    out: &mut Vec<u8>,
+) -> Result<(), FetchError> {
     for (group, piece) in pieces {
         match piece {
             Piece::Hot(b) => out.extend_from_slice(&b),
@@ -151,12 +181,14 @@ pub async fn collect(
                 object_len,
             } => {
                 let Some(t) = &app.tiering else {
-                    return Err(ApiError::new(
+                    return Err(FetchError::Failed(ApiError::new(
                         ErrorCode::INTERNAL_ERROR,
                         "stream bytes are in a cold tier this node has no backend for",
-                    ));
+                    )));
                 };
-                t.fetch(group, object, pos, len, object_len, out).await?;
+                let namespace = app.with_group(group, |g| g.cold.namespace);
+                t.fetch((namespace, group), object, (pos, len, object_len), out)
+                    .await?;
             }
         }
     }

@@ -336,6 +336,10 @@ pub enum ColdConfigError {
     ZeroInterval,
     #[error("storage.cold.flush_size (or flush_max_size) and gc_max_entries must be non-zero")]
     ZeroFlushSize,
+    #[error(
+        "storage.cold.flush_min_hot_size (or flush_size) must not exceed max_hot_size_per_group"
+    )]
+    FlushAboveHotBound,
     #[error("invalid storage.cold.root: {0}")]
     InvalidRoot(ColdError),
     #[error("cannot create the cold directory {path}: {source}")]
@@ -415,6 +419,12 @@ impl ColdConfig {
         if self.flush_max_size() == 0 || self.gc_max_entries == 0 {
             return Err(ColdConfigError::ZeroFlushSize);
         }
+        if self.max_hot_size_per_group > 0
+            && self.flush_min_hot_size() > self.max_hot_size_per_group
+        {
+            // The group would refuse writes before it ever reached the flush threshold.
+            return Err(ColdConfigError::FlushAboveHotBound);
+        }
         Ok(())
     }
 
@@ -450,7 +460,9 @@ impl ColdConfig {
                         source,
                     },
                 )?;
-                Arc::new(fs)
+                // An object must be on stable storage before the flush that references it is
+                // proposed (its hot bytes are then released): sync the file and its directory.
+                Arc::new(fs.with_fsync(true))
             }
             Backend::S3 => Arc::new(self.s3.build().map_err(|source| ColdConfigError::Build {
                 backend: "s3",
