@@ -14,307 +14,36 @@
 //! streams an earlier run `ID` wrote (same --streams and --total-bytes): what
 //! scripts/cold-soak.sh does after a SIGKILL and restart.
 
+mod load;
+mod measure;
+mod pattern;
+
+use load::*;
+use measure::*;
+pub use measure::{DirSize, dir_size, fetch_metrics};
+pub use pattern::{Pattern, stream_len};
+
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use bytes::Bytes;
-use http::{HeaderValue, Method, StatusCode};
-use http_body_util::BodyExt;
+use anyhow::{Result, bail};
+use http::HeaderValue;
 use serde::Serialize;
 
 use super::{check_positive, create_streams, run_id, stream_names};
 use crate::cli::ColdSoakArgs;
-use crate::client::{
-    Conn, Endpoint, OCTET_STREAM, PRODUCER_EPOCH, PRODUCER_ID, PRODUCER_SEQ, STREAM_NEXT_OFFSET,
-    error_kind, header_str, up_to_date,
-};
-use crate::procfs::rss_kib;
+use crate::client::{Conn, Endpoint, OCTET_STREAM};
 use crate::report::{Header, fmt_num, kv_table, note};
 use crate::stats::Errors;
-use crate::target::{path_uri, valid_offset};
 
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Safety net against a server that never says up-to-date (pages per stream).
-const MAX_PAGES: usize = 1_000_000;
+pub(super) const MAX_PAGES: usize = 1_000_000;
 /// Longest Retry-After honoured.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(10);
-const MIB: f64 = 1024.0 * 1024.0;
-
-/// The bytes of one stream: position p holds byte p % 8 (little-endian) of
-/// splitmix64(seed + p / 8), with the seed derived from the stream's name.
-#[derive(Clone, Copy, Debug)]
-pub struct Pattern {
-    seed: u64,
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-impl Pattern {
-    pub fn for_stream(name: &str) -> Self {
-        // FNV-1a of the name, then mixed.
-        let mut h = 0xcbf2_9ce4_8422_2325u64;
-        for b in name.bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        Self {
-            seed: splitmix64(h),
-        }
-    }
-
-    fn word(&self, w: u64) -> [u8; 8] {
-        splitmix64(
-            self.seed
-                .wrapping_add(w.wrapping_mul(0x2545_f491_4f6c_dd1d)),
-        )
-        .to_le_bytes()
-    }
-
-    /// Fill `out` with the stream's bytes from position `start`.
-    pub fn fill(&self, start: u64, out: &mut [u8]) {
-        let mut pos = start;
-        let mut i = 0usize;
-        // Unaligned head.
-        while i < out.len() && !pos.is_multiple_of(8) {
-            out[i] = self.word(pos / 8)[(pos % 8) as usize];
-            i += 1;
-            pos += 1;
-        }
-        let mut chunks = out[i..].chunks_exact_mut(8);
-        let mut w = pos / 8;
-        for c in &mut chunks {
-            c.copy_from_slice(&self.word(w));
-            w += 1;
-        }
-        let tail = chunks.into_remainder();
-        if !tail.is_empty() {
-            let word = self.word(w);
-            tail.copy_from_slice(&word[..tail.len()]);
-        }
-    }
-
-    pub fn bytes(&self, start: u64, len: usize) -> Bytes {
-        let mut v = vec![0u8; len];
-        self.fill(start, &mut v);
-        Bytes::from(v)
-    }
-
-    /// Position (relative to `start`) of the first byte of `got` that differs, if any.
-    pub fn first_mismatch(&self, start: u64, got: &[u8], scratch: &mut Vec<u8>) -> Option<u64> {
-        scratch.resize(got.len(), 0);
-        self.fill(start, scratch);
-        if scratch.as_slice() == got {
-            return None;
-        }
-        got.iter()
-            .zip(scratch.iter())
-            .position(|(a, b)| a != b)
-            .map(|p| p as u64)
-    }
-}
-
-/// Bytes stream `i` of `streams` holds when `total` are spread over them.
-pub fn stream_len(total: u64, streams: usize, i: usize) -> u64 {
-    let s = streams as u64;
-    total / s + u64::from((i as u64) < total % s)
-}
-
-/// Peak VmRSS of the server, per phase, sampled by a background task.
-struct RssSampler {
-    pid: u32,
-    phase_peak: Arc<AtomicU64>,
-    last: Arc<AtomicU64>,
-    samples: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl RssSampler {
-    fn start(pid: u32, interval: Duration) -> Result<Self> {
-        let first = rss_kib(pid).with_context(|| format!("server pid {pid}"))?;
-        let phase_peak = Arc::new(AtomicU64::new(first));
-        let last = Arc::new(AtomicU64::new(first));
-        let samples = Arc::new(AtomicU64::new(1));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (p, l, n, s) = (
-            phase_peak.clone(),
-            last.clone(),
-            samples.clone(),
-            stop.clone(),
-        );
-        let task = tokio::spawn(async move {
-            while !s.load(Ordering::Relaxed) {
-                tokio::time::sleep(interval).await;
-                if let Ok(kib) = rss_kib(pid) {
-                    p.fetch_max(kib, Ordering::Relaxed);
-                    l.store(kib, Ordering::Relaxed);
-                    n.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-        Ok(Self {
-            pid,
-            phase_peak,
-            last,
-            samples,
-            stop,
-            task,
-        })
-    }
-
-    /// The peak since the previous call (or the start), then a fresh phase.
-    fn end_phase(&self) -> u64 {
-        let now = rss_kib(self.pid).unwrap_or(0);
-        self.last.store(now, Ordering::Relaxed);
-        self.phase_peak.fetch_max(now, Ordering::Relaxed);
-        self.phase_peak.swap(now, Ordering::Relaxed)
-    }
-
-    fn last(&self) -> u64 {
-        self.last.load(Ordering::Relaxed)
-    }
-
-    fn finish(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.abort();
-        self.samples.load(Ordering::Relaxed)
-    }
-}
-
-#[derive(Debug, Default, Clone, Copy, Serialize)]
-pub struct DirSize {
-    /// Allocated bytes (st_blocks * 512), what `du` counts.
-    pub wal_bytes: u64,
-    pub cold_bytes: u64,
-    /// Everything else in the data dir (snapshots, node.toml, ...).
-    pub other_bytes: u64,
-    pub total_bytes: u64,
-    /// Apparent sizes (file lengths), for comparison.
-    pub wal_apparent_bytes: u64,
-    pub cold_apparent_bytes: u64,
-    pub other_apparent_bytes: u64,
-    pub cold_files: u64,
-}
-
-fn walk(dir: &Path, depth: usize, f: &mut impl FnMut(&std::fs::Metadata)) {
-    if depth > 16 {
-        return;
-    }
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        // Files vanish under us (segment GC, flushes): skip what cannot be read.
-        let Ok(md) = e.metadata() else { continue };
-        if md.is_dir() {
-            walk(&e.path(), depth + 1, f);
-        } else if md.is_file() {
-            f(&md);
-        }
-    }
-}
-
-pub fn dir_size(data_dir: &Path) -> DirSize {
-    use std::os::unix::fs::MetadataExt;
-    let mut d = DirSize::default();
-    let Ok(rd) = std::fs::read_dir(data_dir) else {
-        return d;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let kind = match name.to_str() {
-            Some("wal") => 0,
-            Some("cold") => 1,
-            _ => 2,
-        };
-        let mut alloc = 0u64;
-        let mut apparent = 0u64;
-        let mut files = 0u64;
-        let mut add = |md: &std::fs::Metadata| {
-            alloc += md.blocks() * 512;
-            apparent += md.len();
-            files += 1;
-        };
-        match e.metadata() {
-            Ok(md) if md.is_dir() => walk(&e.path(), 0, &mut add),
-            Ok(md) if md.is_file() => add(&md),
-            _ => {}
-        }
-        match kind {
-            0 => {
-                d.wal_bytes += alloc;
-                d.wal_apparent_bytes += apparent;
-            }
-            1 => {
-                d.cold_bytes += alloc;
-                d.cold_apparent_bytes += apparent;
-                d.cold_files += files;
-            }
-            _ => {
-                d.other_bytes += alloc;
-                d.other_apparent_bytes += apparent;
-            }
-        }
-    }
-    d.total_bytes = d.wal_bytes + d.cold_bytes + d.other_bytes;
-    d
-}
-
-/// `GET /__ursula/metrics` as name -> value (JSON object or Prometheus text); None when the
-/// server has no such route (the reference server, the floor).
-pub async fn fetch_metrics(conn: &mut Conn) -> Option<BTreeMap<String, u64>> {
-    let ep = conn.endpoint().clone();
-    let uri = path_uri(&format!("{}/__ursula/metrics", ep.target.prefix)).ok()?;
-    let (parts, body) =
-        tokio::time::timeout(Duration::from_secs(10), conn.send_collect(ep.get(uri)))
-            .await
-            .ok()?
-            .ok()?;
-    if !parts.status.is_success() {
-        return None;
-    }
-    parse_metrics(&body)
-}
-
-pub fn parse_metrics(body: &[u8]) -> Option<BTreeMap<String, u64>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let mut out = BTreeMap::new();
-    if text.trim_start().starts_with('{') {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
-        for (k, v) in v.as_object()? {
-            if let Some(n) = v.as_u64() {
-                out.insert(k.trim_start_matches("ursula_").to_owned(), n);
-            }
-        }
-    } else {
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let mut it = line.split_whitespace();
-            if let (Some(k), Some(v)) = (it.next(), it.next())
-                && let Ok(n) = v.parse::<f64>()
-                && n >= 0.0
-            {
-                out.insert(k.trim_start_matches("ursula_").to_owned(), n as u64);
-            }
-        }
-    }
-    (!out.is_empty()).then_some(out)
-}
-
-/// The metrics worth reporting here.
-fn tier_metrics(m: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    m.iter()
-        .filter(|(k, _)| k.starts_with("hot_") || k.starts_with("cold_") || k.starts_with("wal_"))
-        .map(|(k, v)| (k.clone(), *v))
-        .collect()
-}
+pub(super) const MAX_RETRY_AFTER: Duration = Duration::from_secs(10);
+pub(super) const MIB: f64 = 1024.0 * 1024.0;
 
 #[derive(Debug, Serialize)]
 pub struct ColdSoakReport {
@@ -507,19 +236,19 @@ impl ColdSoakReport {
     }
 }
 
-struct Stream {
-    uri: http::Uri,
-    path: String,
-    producer: HeaderValue,
-    pattern: Pattern,
-    len: u64,
+pub(super) struct Stream {
+    pub(super) uri: http::Uri,
+    pub(super) path: String,
+    pub(super) producer: HeaderValue,
+    pub(super) pattern: Pattern,
+    pub(super) len: u64,
 }
 
 #[derive(Default)]
-struct AppendResult {
-    appends: u64,
-    backpressure: u64,
-    retries: u64,
+pub(super) struct AppendResult {
+    pub(super) appends: u64,
+    pub(super) backpressure: u64,
+    pub(super) retries: u64,
 }
 
 pub async fn run(ep: Arc<Endpoint>, args: &ColdSoakArgs, quiet: bool) -> Result<ColdSoakReport> {
@@ -738,238 +467,6 @@ pub async fn run(ep: Arc<Endpoint>, args: &ColdSoakArgs, quiet: bool) -> Result<
         metrics_after_read,
         errors,
     })
-}
-
-fn retry_after(parts: &http::response::Parts) -> Duration {
-    header_str(parts, &http::header::RETRY_AFTER)
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(Duration::from_secs(1), Duration::from_secs)
-        .min(MAX_RETRY_AFTER)
-}
-
-async fn append_loop(
-    ep: Arc<Endpoint>,
-    streams: Arc<[Stream]>,
-    index: usize,
-    conns: usize,
-    size: usize,
-    max_attempts: u32,
-    done: Arc<AtomicU64>,
-) -> Result<AppendResult> {
-    let mine: Vec<usize> = (index..streams.len()).step_by(conns).collect();
-    let mut pos = vec![0u64; mine.len()];
-    let mut seq = vec![0u64; mine.len()];
-    let mut conn = Conn::new(ep.clone());
-    let mut r = AppendResult::default();
-    let epoch = HeaderValue::from_static("0");
-    loop {
-        let mut progressed = false;
-        for (k, &s) in mine.iter().enumerate() {
-            let st = &streams[s];
-            if pos[k] >= st.len {
-                continue;
-            }
-            progressed = true;
-            let n = (st.len - pos[k]).min(size as u64) as usize;
-            let body = st.pattern.bytes(pos[k], n);
-            let mut attempts = 0u32;
-            loop {
-                attempts += 1;
-                if attempts > max_attempts {
-                    bail!(
-                        "stream {}: append at {} not accepted after {max_attempts} attempts",
-                        st.path,
-                        pos[k]
-                    );
-                }
-                let mut req =
-                    ep.with_type(Method::POST, st.uri.clone(), &OCTET_STREAM, body.clone());
-                let h = req.headers_mut();
-                h.insert(PRODUCER_ID, st.producer.clone());
-                h.insert(PRODUCER_EPOCH, epoch.clone());
-                h.insert(PRODUCER_SEQ, HeaderValue::from(seq[k]));
-                let (parts, text) =
-                    match tokio::time::timeout(REQUEST_TIMEOUT, conn.send_collect(req)).await {
-                        Ok(Ok(x)) => x,
-                        Ok(Err(_)) | Err(_) => {
-                            // Ambiguous: the producer seq makes the retry safe.
-                            conn.reset();
-                            r.retries += 1;
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            continue;
-                        }
-                    };
-                if parts.status.is_success() {
-                    break;
-                }
-                if parts.status == StatusCode::SERVICE_UNAVAILABLE {
-                    if text.windows(17).any(|w| w == b"COLD_BACKPRESSURE") {
-                        r.backpressure += 1;
-                    } else {
-                        r.retries += 1;
-                    }
-                    tokio::time::sleep(retry_after(&parts)).await;
-                    continue;
-                }
-                bail!(
-                    "stream {}: append at {} answered {}: {}",
-                    st.path,
-                    pos[k],
-                    parts.status,
-                    String::from_utf8_lossy(&text[..text.len().min(300)])
-                );
-            }
-            pos[k] += n as u64;
-            seq[k] += 1;
-            r.appends += 1;
-            done.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        if !progressed {
-            return Ok(r);
-        }
-    }
-}
-
-fn problem(r: &mut ReadResult, text: String) {
-    if r.first_problems.len() < 5 {
-        r.first_problems.push(text);
-    }
-}
-
-#[derive(Default)]
-struct ReadResult {
-    bytes: u64,
-    gets: u64,
-    mismatched: u64,
-    short: u64,
-    errors: Errors,
-    /// The first few problems, for the log.
-    first_problems: Vec<String>,
-}
-
-async fn read_loop(
-    ep: Arc<Endpoint>,
-    streams: Arc<[Stream]>,
-    index: usize,
-    conns: usize,
-) -> Result<ReadResult> {
-    let mut r = ReadResult::default();
-    let mut conn = Conn::new(ep.clone());
-    let mut scratch = Vec::new();
-    'streams: for st in streams.iter().skip(index).step_by(conns) {
-        let mut offset = String::from("-1");
-        let mut pos = 0u64;
-        let mut attempts = 0u32;
-        for _ in 0..MAX_PAGES {
-            let req = ep.get(ep.target.read_uri(&st.path, &offset, "")?);
-            let resp = match tokio::time::timeout(REQUEST_TIMEOUT, conn.send(req)).await {
-                Ok(Ok(resp)) => resp,
-                Ok(Err(e)) => {
-                    r.errors.add(error_kind(&e));
-                    attempts += 1;
-                    if attempts > 5 {
-                        r.short += 1;
-                        problem(
-                            &mut r,
-                            format!("{}: gave up at {pos} after transport errors", st.path),
-                        );
-                        continue 'streams;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-                Err(_) => {
-                    r.errors.add("timeout");
-                    conn.reset();
-                    r.short += 1;
-                    problem(&mut r, format!("{}: GET timed out at {pos}", st.path));
-                    continue 'streams;
-                }
-            };
-            r.gets += 1;
-            let (parts, mut body) = resp.into_parts();
-            if !parts.status.is_success() {
-                r.errors.status(parts.status);
-                let _ = body.collect().await;
-                r.short += 1;
-                problem(
-                    &mut r,
-                    format!("{}: GET at {pos} answered {}", st.path, parts.status),
-                );
-                continue 'streams;
-            }
-            let mut bad = false;
-            let deadline = Instant::now() + REQUEST_TIMEOUT;
-            loop {
-                let frame = match tokio::time::timeout_at(
-                    tokio::time::Instant::from_std(deadline),
-                    body.frame(),
-                )
-                .await
-                {
-                    Ok(Some(Ok(f))) => f,
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => {
-                        conn.reset();
-                        r.errors.add(error_kind(&anyhow::Error::from(e)));
-                        r.short += 1;
-                        problem(&mut r, format!("{}: body failed at {pos}", st.path));
-                        continue 'streams;
-                    }
-                    Err(_) => {
-                        conn.reset();
-                        r.errors.add("timeout");
-                        r.short += 1;
-                        problem(&mut r, format!("{}: body timed out at {pos}", st.path));
-                        continue 'streams;
-                    }
-                };
-                let Some(data) = frame.data_ref() else {
-                    continue;
-                };
-                if !bad && pos + data.len() as u64 > st.len {
-                    bad = true;
-                    problem(&mut r, format!("{}: more than {} bytes", st.path, st.len));
-                }
-                if !bad && let Some(at) = st.pattern.first_mismatch(pos, data, &mut scratch) {
-                    bad = true;
-                    problem(
-                        &mut r,
-                        format!("{}: first wrong byte at {}", st.path, pos + at),
-                    );
-                }
-                pos += data.len() as u64;
-                r.bytes += data.len() as u64;
-            }
-            if bad {
-                r.mismatched += 1;
-                continue 'streams;
-            }
-            let next = header_str(&parts, &STREAM_NEXT_OFFSET);
-            if parts.status == StatusCode::NO_CONTENT || up_to_date(&parts) || next.is_none() {
-                break;
-            }
-            let Some(next) = next.filter(|o| valid_offset(o)) else {
-                r.errors.add("bad_offset");
-                r.short += 1;
-                continue 'streams;
-            };
-            if next == offset {
-                r.errors.add("stuck");
-                r.short += 1;
-                continue 'streams;
-            }
-            offset = next.to_owned();
-        }
-        if pos != st.len {
-            r.short += 1;
-            problem(
-                &mut r,
-                format!("{}: read {pos} bytes, appended {}", st.path, st.len),
-            );
-        }
-    }
-    Ok(r)
 }
 
 #[cfg(test)]
