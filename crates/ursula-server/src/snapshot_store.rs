@@ -23,7 +23,7 @@ use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use ursula_core::command::{At, Op, PublishColdSnapshotReq, Reply, SnapshotReply};
+use ursula_core::command::{Op, PublishColdSnapshotReq, Reply, SnapshotReply};
 use ursula_core::snapshot::{ColdSnapshotRef, Digest};
 use ursula_core::{ErrorCode, Incarnation, StreamKey};
 use ursula_storage::cold::object::{self, magic};
@@ -274,25 +274,13 @@ pub async fn delete_snapshot_objects(store: &dyn ColdStore, key: &str) {
     }
 }
 
-/// What a publish of a cold snapshot asks for.
-pub struct ColdPublish {
-    pub key: StreamKey,
-    pub incarnation: Option<Incarnation>,
-    pub parts_incarnation: Option<Incarnation>,
-    pub at: At,
-    pub content_type: String,
-    pub digest: Digest,
-    pub snapshot_match: Option<String>,
-    pub object: ColdSnapshotRef,
-}
-
 /// Proposes the publish of a written snapshot object (Phase C). Afterwards the object is
 /// deleted when the state does not reference it (a refused publish, a repeat), and the
 /// snapshot it superseded is deleted when it was this stream's own and nothing pins it.
 pub async fn publish(
     app: &Arc<App>,
     store: &Arc<dyn ColdStore>,
-    p: ColdPublish,
+    p: PublishColdSnapshotReq,
 ) -> Result<SnapshotReply, ApiError> {
     let own_prefix = snapshots_prefix(&p.key).ok();
     let before = app
@@ -301,19 +289,12 @@ pub async fn publish(
         })
         .flatten();
     let object_key = p.object.key.clone();
-    let op = Op::PublishColdSnapshot(Box::new(PublishColdSnapshotReq {
-        key: p.key.clone(),
-        incarnation: p.incarnation,
-        parts_incarnation: p.parts_incarnation,
-        at: p.at,
-        content_type: p.content_type,
-        digest: p.digest,
-        snapshot_match: p.snapshot_match,
-        object: p.object,
-    }));
-    let res = app.propose(app.group_of(&p.key), op).await;
+    let key = p.key.clone();
+    let res = app
+        .propose(app.group_of(&key), Op::PublishColdSnapshot(Box::new(p)))
+        .await;
     let (now, pinned) = app
-        .with_stream(&p.key, |s| {
+        .with_stream(&key, |s| {
             (
                 s.snapshot_object.as_ref().map(|r| r.key.clone()),
                 !s.pins.is_empty(),
@@ -359,7 +340,7 @@ pub async fn publish(
 pub async fn publish_blob(
     app: &Arc<App>,
     store: &Arc<dyn ColdStore>,
-    mut p: ColdPublish,
+    mut p: PublishColdSnapshotReq,
     blob: Bytes,
     offset_hint: u64,
 ) -> Result<SnapshotReply, ApiError> {

@@ -8,13 +8,13 @@ use super::path::Target;
 use super::snapshot::{path_offset, published, snapshot_content_type, snapshot_match};
 use super::{ApiResult, body, headers as h, read, render};
 use crate::app::App;
-use crate::snapshot_store::{self as store, ColdPublish, cold_failed};
+use crate::snapshot_store::{self as store, cold_failed};
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Request, StatusCode};
 use std::collections::HashMap;
 use std::sync::Arc;
-use ursula_core::command::At;
+use ursula_core::command::{At, PublishColdSnapshotReq};
 use ursula_core::parts::{self as rules, PartId};
 use ursula_core::snapshot::{ColdSnapshotRef, Digest, DigestBuilder};
 use ursula_core::{ErrorCode, Incarnation, Rejection, StreamKey};
@@ -351,7 +351,7 @@ pub async fn commit(app: &Arc<App>, target: &Target, seg: &str, req: Request<Bod
     let res = store::publish(
         app,
         &cold,
-        ColdPublish {
+        PublishColdSnapshotReq {
             key: key.clone(),
             incarnation: c.want,
             parts_incarnation: Some(inc),

@@ -175,7 +175,7 @@ async fn publish(
             At::Offset(o) => o,
             At::Record(_) => 0,
         };
-        let p = crate::snapshot_store::ColdPublish {
+        let p = ursula_core::command::PublishColdSnapshotReq {
             key: target.key.clone(),
             incarnation,
             parts_incarnation: None,
