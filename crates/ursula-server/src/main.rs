@@ -4,6 +4,7 @@ mod app;
 mod cold;
 mod cold_read;
 mod config;
+mod flush_pass;
 mod http;
 mod metrics;
 mod parse_errors;

@@ -30,6 +30,10 @@ pub struct TierConfig {
     pub flush_min_hot_size: u64,
     /// Largest flush object. Default: 8 MiB.
     pub flush_max_size: u64,
+    /// Led groups' hot bytes above which undersized groups flush too (`0` off). 128 MiB.
+    pub flush_pressure_hot_size: u64,
+    /// Flush uploads at once. Default: 4.
+    pub flush_max_concurrency: usize,
     /// Writes that would take a group's hot bytes past this answer `503 COLD_BACKPRESSURE`
     /// (`0` disables). Default: 64 MiB.
     pub max_hot_size_per_group: u64,
@@ -47,6 +51,8 @@ impl Default for TierConfig {
             flush_interval: Duration::from_secs(1),
             flush_min_hot_size: 8 << 20,
             flush_max_size: 8 << 20,
+            flush_pressure_hot_size: 128 << 20,
+            flush_max_concurrency: 4,
             max_hot_size_per_group: 64 << 20,
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
@@ -59,6 +65,8 @@ impl Default for TierConfig {
 #[derive(Debug, Default)]
 pub struct TierMetrics {
     pub flushes: AtomicU64,
+    /// Flush ticks that found the led groups' hot bytes above `flush_pressure_hot_size`.
+    pub pressure_flushes: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub flush_errors: AtomicU64,
     pub gc_deleted: AtomicU64,
@@ -211,6 +219,13 @@ impl Tiering {
             ));
         }
         Ok(())
+    }
+
+    /// The hot bytes `group` held when its last flush pass looked (0 if it never did).
+    pub fn hot_seen(&self, group: u32) -> u64 {
+        self.hot
+            .get(group as usize)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// One flush of `group`, when it holds enough hot bytes: plan under the read lock, pack
@@ -443,6 +458,11 @@ impl Tiering {
             ("ursula_cold_gc_queued_objects", "gauge", queued),
             ("ursula_cold_flushes_total", "counter", get(&m.flushes)),
             (
+                "ursula_cold_pressure_flush_passes_total",
+                "counter",
+                get(&m.pressure_flushes),
+            ),
+            (
                 "ursula_cold_flushed_bytes_total",
                 "counter",
                 get(&m.flushed_bytes),
@@ -571,16 +591,7 @@ impl Tiering {
             gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = flush.tick() => {
-                        for group in 0..app.node.group_count() {
-                            // Keep flushing a group while it stays above the threshold.
-                            for _ in 0..64 {
-                                if tier.flush_group(&app, group, false).await == 0 {
-                                    break;
-                                }
-                            }
-                        }
-                    }
+                    _ = flush.tick() => tier.flush_pass(&app).await,
                     _ = gc.tick() => {
                         for group in 0..app.node.group_count() {
                             tier.gc_group(&app, group).await;
