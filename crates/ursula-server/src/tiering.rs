@@ -137,6 +137,8 @@ pub struct Tiering {
     /// exactly would mean a pass over the group's streams on every write; this estimate is
     /// recounted every tick and only ever errs by what one tick wrote.
     hot: Vec<AtomicU64>,
+    /// Groups whose orphan probe ran ([`Tiering::probe_orphan`]).
+    pub(crate) probed: Vec<AtomicBool>,
 }
 
 /// The key of a group's chunk object (cluster.md §6): one prefix per group namespace.
@@ -193,6 +195,7 @@ impl Tiering {
             health: ColdHealth::default(),
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            probed: (0..groups).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -270,8 +273,15 @@ impl Tiering {
         let Some((mut next, namespace, picked, pieces)) = planned else {
             return 0;
         };
+        // The namespace is committed before any object is written under it, so every object
+        // this group uploads is under a namespace its state knows: an upload whose flush
+        // never committed is found again at the group's next id (below), never lost.
         let namespace = if namespace == 0 {
-            fresh_namespace()
+            let Some((ns, n)) = self.claim_namespace(app, group, next).await else {
+                return 0;
+            };
+            next = n;
+            ns
         } else {
             namespace
         };
@@ -314,18 +324,9 @@ impl Tiering {
                     break;
                 }
                 Err(ColdError::AlreadyExists { .. }) => {
-                    // Left by an attempt that uploaded but never committed: hand it to GC
-                    // (an empty flush of its id), then take the next id.
-                    let orphan = FlushReq {
-                        namespace,
-                        object: id,
-                        object_len: 0,
-                        slices: Vec::new(),
-                    };
-                    if !app
-                        .propose_upkeep(group, Op::ColdFlush(Box::new(orphan)))
-                        .await
-                    {
+                    // Left by an attempt that uploaded but never committed: hand it to GC,
+                    // then take the next id.
+                    if !self.hand_to_gc(app, group, namespace, id).await {
                         return 0;
                     }
                     tracing::info!(
@@ -381,6 +382,70 @@ impl Tiering {
                 // next id and hands it to GC through the log, after any such command.
                 inc(&self.metrics.flush_errors, 1);
                 0
+            }
+        }
+    }
+
+    /// Commits a fresh namespace for `group` (an empty flush of id `next`, which is queued
+    /// for deletion and so never used); returns the namespace the group now has (another
+    /// leader's may have won) and its next id.
+    async fn claim_namespace(&self, app: &Arc<App>, group: u32, next: u64) -> Option<(u64, u64)> {
+        if !self
+            .hand_to_gc(app, group, fresh_namespace(), ObjectId(next))
+            .await
+        {
+            return None;
+        }
+        Some(app.with_group(group, |g| (g.cold.namespace, g.cold.next_object)))
+    }
+
+    /// Hands object `id` to GC through the log: an empty flush of it (cold.rs
+    /// `apply_flush`), which also sets the group's namespace if it has none.
+    async fn hand_to_gc(&self, app: &Arc<App>, group: u32, namespace: u64, id: ObjectId) -> bool {
+        let orphan = FlushReq {
+            namespace,
+            object: id,
+            object_len: 0,
+            slices: Vec::new(),
+        };
+        app.propose_upkeep(group, Op::ColdFlush(Box::new(orphan)))
+            .await
+    }
+
+    /// Once per leadership of this process: an object already stored at `group`'s next id
+    /// was uploaded by a flush that never committed (a crash between upload and commit); a
+    /// group that gets no new writes would never find it by flushing, so look once.
+    /// Returns whether the probe ran to the end (else try again later).
+    pub async fn probe_orphan(&self, app: &Arc<App>, group: u32) -> bool {
+        if !app.node.leads(group) {
+            return false;
+        }
+        let Some(_busy) = self.claim(group) else {
+            return false;
+        };
+        let (namespace, next) = app.with_group(group, |g| (g.cold.namespace, g.cold.next_object));
+        if namespace == 0 {
+            return true;
+        }
+        let Ok(key) = chunk_key(namespace, group, ObjectId(next)) else {
+            return true;
+        };
+        match self.timed(self.store.head(&key)).await {
+            Ok(_) => {
+                let queued = self.hand_to_gc(app, group, namespace, ObjectId(next)).await;
+                if queued {
+                    tracing::info!(
+                        group,
+                        object = next,
+                        "queued an orphan cold object for deletion"
+                    );
+                }
+                queued
+            }
+            Err(ColdError::NotFound { .. }) => true,
+            Err(e) => {
+                tracing::debug!(group, error = %e, "orphan probe failed; will retry");
+                false
             }
         }
     }

@@ -150,7 +150,10 @@ fn every_spec_key_of_the_cold_section_is_accepted() {
          [storage.cold.cache]\nmax_size = \"256MiB\"\nblock_size = \"1MiB\"\nreadahead_blocks = 4\n",
     )
     .unwrap();
-    let s = Server::start_in_with_args(&tmp.path().join("data"), &["--config", cfg.to_str().unwrap()]);
+    let s = Server::start_in_with_args(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap()],
+    );
     let r = s.put("/keys/s", "text/plain", b"x");
     assert_eq!(r.status, 201, "{}", r.text());
 }
@@ -175,11 +178,15 @@ fn hot_pressure_flushes_undersized_groups() {
     for i in 0..16 {
         let path = format!("/press/s{i}");
         assert_eq!(s.put(&path, "application/octet-stream", b"").status, 201);
-        assert_eq!(s.post(&path, "application/octet-stream", &chunk).status, 204);
+        assert_eq!(
+            s.post(&path, "application/octet-stream", &chunk).status,
+            204
+        );
     }
     let metric = |n: &str| s.metrics()[n].as_u64().unwrap_or(0);
     assert!(
-        wait_until(Duration::from_secs(20), || metric("hot_bytes") <= 256 * 1024),
+        wait_until(Duration::from_secs(20), || metric("hot_bytes")
+            <= 256 * 1024),
         "pressure did not flush: {}",
         s.metrics()
     );

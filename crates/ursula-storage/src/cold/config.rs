@@ -518,6 +518,23 @@ impl ColdConfig {
                         source,
                     },
                 )?;
+                // Staging files of uploads a crash interrupted, swept now and then hourly,
+                // off the start-up path (the directory may be big). An upload in flight is
+                // seconds old at most; a shared directory's other nodes get an hour.
+                let grace = Duration::from_secs(if self.local.shared { 3_600 } else { 60 });
+                let dir = path.clone();
+                let _ = std::thread::Builder::new()
+                    .name("cold-staging-sweep".into())
+                    .spawn(move || {
+                        loop {
+                            let n = super::staging::sweep(&dir, grace);
+                            if n > 0 {
+                                tracing::info!(removed = n, dir = %dir.display(),
+                                    "deleted staging files of interrupted cold uploads");
+                            }
+                            std::thread::sleep(Duration::from_secs(3_600));
+                        }
+                    });
                 // An object must be on stable storage before the flush that references it is
                 // proposed (its hot bytes are then released): sync the file and its directory.
                 Arc::new(fs.with_fsync(true))
