@@ -24,6 +24,8 @@ pub struct App {
     pub tiering: Option<Arc<crate::tiering::Tiering>>,
     /// Staged snapshot parts and running commits (snapshot-parts.md §8, §10).
     pub parts: crate::parts::Registry,
+    /// Request body bytes held by requests in flight (`http_inflight_body_size`).
+    pub body_budget: crate::http::budget::BodyBudget,
 }
 
 impl App {
@@ -34,6 +36,7 @@ impl App {
         tiering: Option<Arc<crate::tiering::Tiering>>,
     ) -> Arc<Self> {
         let groups = node.group_count();
+        let body_budget = crate::http::budget::BodyBudget::new(cfg.http_inflight_body_size);
         Arc::new(App {
             node,
             cfg,
@@ -45,6 +48,7 @@ impl App {
             watchers,
             tiering,
             parts: Default::default(),
+            body_budget,
         })
     }
 
