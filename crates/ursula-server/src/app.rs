@@ -251,7 +251,7 @@ impl App {
                 let expired: Vec<_> = g
                     .streams
                     .iter()
-                    .filter(|(_, s)| !s.soft_deleted && s.expired(now))
+                    .filter(|(_, s)| s.lapse_due(now))
                     .map(|(k, s)| (k.clone(), s.incarnation))
                     .collect();
                 let pins: Vec<_> = g
