@@ -139,15 +139,12 @@ impl App {
 
     /// Reads a stream's state under its group's read lock.
     pub fn with_stream<R>(&self, key: &StreamKey, f: impl FnOnce(&StreamState) -> R) -> Option<R> {
-        let g = self.node.state(self.group_of(key));
-        let guard = g.read().unwrap_or_else(|e| e.into_inner());
-        guard.streams.get(key).map(f)
+        self.node
+            .read(self.group_of(key), |g| g.streams.get(key).map(f))
     }
 
     pub fn with_group<R>(&self, group: u32, f: impl FnOnce(&GroupState) -> R) -> R {
-        let g = self.node.state(group);
-        let guard = g.read().unwrap_or_else(|e| e.into_inner());
-        f(&guard)
+        self.node.read(group, f)
     }
 
     /// Delivers pin releases a group owes to fork sources (forks.md §10.1).
