@@ -29,6 +29,10 @@ struct World {
     deleted: Vec<ObjectId>,
     next_pin: u64,
     forks: u64,
+    /// Per stream: the next producer seq of producer `p` (reset when the stream goes).
+    seqs: HashMap<String, u64>,
+    /// Ids handed to external payload uploads.
+    next_external: u64,
 }
 
 impl World {
@@ -42,6 +46,8 @@ impl World {
             deleted: Vec::new(),
             next_pin: 1,
             forks: 0,
+            seqs: HashMap::new(),
+            next_external: 1,
         }
     }
 
@@ -90,6 +96,103 @@ impl World {
             ..AppendReq::new(key(name), Bytes::from(bytes))
         })));
         assert!(matches!(r, Ok(Reply::Appended(_))), "append {name}: {r:?}");
+    }
+
+    /// An append whose body goes to the store first (cluster.md §6.4). `kind` 0: a plain
+    /// one; 1: a producer append, then its retry (a duplicate, which must not append twice
+    /// and must not leak its second upload); 2: one the stream refuses (content type).
+    fn append_external(&mut self, name: &str, len: usize, kind: u8) {
+        if self
+            .g
+            .streams
+            .get(&key(name))
+            .is_some_and(|s| s.soft_deleted)
+        {
+            return;
+        }
+        let fresh = !self.model.contains_key(name);
+        let start = self.model.get(name).map_or(0, Vec::len);
+        let bytes: Vec<u8> = (start..start + len)
+            .map(|i| (i as u8) ^ name.as_bytes()[0] ^ 0x5a)
+            .collect();
+        let producer = (kind == 1).then(|| ProducerHdr {
+            id: "p".into(),
+            epoch: 0,
+            seq: *self.seqs.get(name).unwrap_or(&0),
+        });
+        let payload = self.upload(&bytes);
+        let r = if fresh && kind != 2 {
+            self.apply(Op::CreateExternal(Box::new(
+                ursula_core::external::ExternalCreate {
+                    req: CreateReq {
+                        content_type: Some(OCTET.into()),
+                        producer: producer.clone(),
+                        ..CreateReq::new(key(name))
+                    },
+                    payload,
+                },
+            )))
+            .map(|_| ())
+        } else {
+            self.ensure(name);
+            let ct = if kind == 2 { "text/plain" } else { OCTET };
+            self.apply(Op::AppendExternal(Box::new(
+                ursula_core::external::ExternalAppend {
+                    req: AppendReq {
+                        content_type: Some(ct.into()),
+                        producer: producer.clone(),
+                        ..AppendReq::new(key(name), Bytes::new())
+                    },
+                    payload,
+                },
+            )))
+            .map(|_| ())
+        };
+        if kind == 2 {
+            assert!(r.is_err(), "a mismatched content type is refused");
+            return;
+        }
+        r.unwrap();
+        self.model
+            .entry(name.to_owned())
+            .or_default()
+            .extend_from_slice(&bytes);
+        let tail = self.model[name].len() as u64;
+        assert_eq!(self.g.streams[&key(name)].tail, tail);
+        if let Some(p) = producer {
+            self.seqs.insert(name.to_owned(), p.seq + 1);
+            // The client retries: a new upload, the same seq. Nothing is appended again.
+            let again = self.upload(&bytes);
+            let r = self.apply(Op::AppendExternal(Box::new(
+                ursula_core::external::ExternalAppend {
+                    req: AppendReq {
+                        content_type: Some(OCTET.into()),
+                        producer: Some(p),
+                        ..AppendReq::new(key(name), Bytes::new())
+                    },
+                    payload: again,
+                },
+            )));
+            match r {
+                Ok(Reply::Appended(a)) => assert!(a.duplicate && a.next_offset == tail),
+                other => panic!("retry: {other:?}"),
+            }
+            assert_eq!(self.g.streams[&key(name)].tail, tail);
+        }
+    }
+
+    /// Writes `bytes` as an external payload object of the store.
+    fn upload(&mut self, bytes: &[u8]) -> ursula_core::external::ExternalPayload {
+        let object = ObjectId(ObjectId::EXTERNAL_BIT | self.next_external);
+        self.next_external += 1;
+        self.store.insert(object, bytes.to_vec());
+        ursula_core::external::ExternalPayload {
+            namespace: 0,
+            object,
+            len: bytes.len() as u64,
+            object_size: bytes.len() as u64 + 64,
+            ends: Vec::new(),
+        }
     }
 
     /// What a leader does: pick ranges, upload their bytes as one object, propose the flush.
@@ -161,6 +264,7 @@ impl World {
     }
 
     fn delete(&mut self, name: &str) {
+        self.seqs.remove(name);
         if self.model.remove(name).is_some() {
             self.apply(Op::Delete {
                 key: key(name),
@@ -276,6 +380,24 @@ impl World {
         for (name, m) in &self.model {
             let k = key(name);
             let s = &self.g.streams[&k];
+            // Only real hot bytes are in memory: the hot region less its external payloads.
+            let ahead: u64 = s
+                .cold
+                .iter()
+                .filter(|c| c.start >= s.data_start)
+                .map(|c| c.end - c.start)
+                .sum();
+            assert_eq!(
+                s.hot_len() + ahead,
+                s.tail - s.data_start,
+                "{name}: hot bytes"
+            );
+            assert!(
+                s.cold
+                    .iter()
+                    .all(|c| c.end <= s.data_start || c.start > s.data_start),
+                "{name}: the hot start sits on a hot byte"
+            );
             let lo = s.held_start();
             assert!(lo <= s.keep_from(), "{name}: dropped bytes it must keep");
             assert_eq!(s.tail, m.len() as u64);
@@ -343,6 +465,7 @@ fn key(name: &str) -> StreamKey {
 #[derive(Debug, Clone)]
 enum Step {
     Append(usize, usize),
+    External(usize, usize, u8),
     Flush(u64, bool),
     Retain(usize, u8),
     Delete(usize),
@@ -355,6 +478,7 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => (0..NAMES.len(), 1usize..200_000).prop_map(|(s, n)| Step::Append(s, n)),
+        3 => (0..NAMES.len(), 1usize..300_000, 0u8..3).prop_map(|(s, n, k)| Step::External(s, n, k)),
         3 => (1u64..300_000, any::<bool>()).prop_map(|(m, r)| Step::Flush(m, r)),
         2 => (0..NAMES.len(), any::<u8>()).prop_map(|(s, f)| Step::Retain(s, f)),
         1 => (0..NAMES.len()).prop_map(Step::Delete),
@@ -376,6 +500,7 @@ proptest! {
         for st in steps {
             match st {
                 Step::Append(s, n) => w.append(NAMES[s], n),
+                Step::External(s, n, k) => w.append_external(NAMES[s], n, k),
                 Step::Flush(m, r) => w.flush(m, r),
                 Step::Retain(s, f) => w.retain(NAMES[s], f),
                 Step::Delete(s) => w.delete(NAMES[s]),

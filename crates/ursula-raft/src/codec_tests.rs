@@ -147,7 +147,7 @@ fn cmd_bytes(c: &Command) -> Vec<u8> {
 }
 
 #[test]
-fn entries_are_written_in_format_2_and_format_1_still_reads() {
+fn entries_are_written_in_format_3_and_formats_1_and_2_still_read() {
     let cmds = vec![
         Command {
             now_ms: 5,
@@ -161,10 +161,16 @@ fn entries_are_written_in_format_2_and_format_1_still_reads() {
         },
     ];
     let enc = encode_entry(&normal(lid(3, 17), cmds.clone())).unwrap();
-    assert_eq!(enc[0], 0x82, "version byte");
+    assert_eq!(enc[0], 0x83, "version byte");
     assert_eq!(enc[1], PAYLOAD_NORMAL);
-    // Format 2 is format 1 with the version byte in front (same schema layout today).
+    // Formats 2 and 3 are format 1 with the version byte in front (same layout today).
     assert_eq!(&enc[1..], &v1_entry(PAYLOAD_NORMAL, &lid(3, 17), &cmds)[..]);
+    let mut v2 = enc.clone();
+    v2[0] = 0x82;
+    assert!(matches!(
+        decode_entry(&v2).unwrap().payload,
+        EntryPayload::Normal(_)
+    ));
 
     let back = decode_entry(&v1_entry(PAYLOAD_NORMAL, &lid(3, 17), &cmds)).unwrap();
     assert_eq!(back.log_id, lid(3, 17));
@@ -202,7 +208,7 @@ fn golden_layouts_of_the_fixed_records() {
         payload: EntryPayload::Blank,
     })
     .unwrap();
-    let mut want = vec![0x82, 0];
+    let mut want = vec![0x83, 0];
     want.extend_from_slice(&l);
     assert_eq!(e, want);
 }
@@ -211,7 +217,7 @@ fn golden_layouts_of_the_fixed_records() {
 /// hex. openraft's serde layout of `Membership` is part of the entry format: an upgrade that
 /// changed it would fail here (then: a new entry format with a frozen copy of the old layout).
 const MEMBERSHIP_ENTRY_HEX: &str = concat!(
-    "82020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
+    "83020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
     "00000000000000010000000000000001000000000000000e000000000000003132372e302e302e313a34343337"
 );
 
