@@ -245,7 +245,7 @@ fn golden_membership_entry() {
 #[test]
 fn unknown_entry_formats_and_tags_are_refused() {
     let enc = encode_entry(&normal(lid(1, 1), vec![])).unwrap();
-    for first in [0x80u8, 0x81, 0x83, 0xff] {
+    for first in [0x80u8, 0x81, 0x84, 0xff] {
         let mut bad = enc.clone();
         bad[0] = first;
         let err = decode_entry(&bad).unwrap_err();
@@ -269,9 +269,15 @@ fn snapshot_formats() {
         applied_commands: 4,
         snapshot_id: "s".into(),
     };
-    let v2 = encode_snapshot_of(&header(SNAPSHOT_FORMAT), &state).unwrap();
-    assert_eq!(&v2[..4], &2u32.to_le_bytes());
-    assert_eq!(decode_snapshot(&v2).unwrap().schema, Schema::V2);
+    let v3 = encode_snapshot_of(&header(SNAPSHOT_FORMAT), &state).unwrap();
+    assert_eq!(&v3[..4], &3u32.to_le_bytes());
+    assert_eq!(decode_snapshot(&v3).unwrap().schema, Schema::V3);
+    // Format 2 (the release before external payloads) has the same layout.
+    let mut v2 = v3.clone();
+    v2[..4].copy_from_slice(&2u32.to_le_bytes());
+    let parts = decode_snapshot(&v2).unwrap();
+    assert_eq!(parts.schema, Schema::V2);
+    assert_eq!(parts.decode_state().unwrap().group, 1);
     // Format 1, as the release before versioning wrote it.
     let mut v1 = bincode::serialize(&header(1)).unwrap();
     // An empty group in schema 1: group, then the lengths of streams, buckets, fenced and
@@ -285,7 +291,7 @@ fn snapshot_formats() {
         encode_snapshot(&header(1), parts.state).is_ok(),
         "kept as it came"
     );
-    for format in [0u32, 3, u32::MAX] {
+    for format in [0u32, 4, u32::MAX] {
         let mut bad = v2.clone();
         bad[..4].copy_from_slice(&format.to_le_bytes());
         let err = decode_snapshot(&bad).unwrap_err();
