@@ -4,6 +4,7 @@ mod app;
 mod cold;
 mod cold_read;
 mod config;
+mod external;
 mod http;
 mod metrics;
 mod parse_errors;
@@ -112,6 +113,10 @@ struct ServerArgs {
     #[arg(long, env = "URSULA_COLD_S3_ENDPOINT")]
     cold_s3_endpoint: Option<String>,
     /// Log format: text or json [default: text].
+    /// With a cold backend, bodies of at least this size go to the cold store before they are
+    /// proposed (`runtime.external_payload_min_size`) [default: 1MiB].
+    #[arg(long, env = "URSULA_EXTERNAL_PAYLOAD_MIN_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
+    external_payload_min_size: Option<u64>,
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
 }
@@ -148,6 +153,9 @@ impl ServerArgs {
         }
         if let Some(v) = self.allowed_hosts {
             c.allowed_hosts = v.into_iter().map(|h| h.trim().to_owned()).collect();
+        }
+        if let Some(v) = self.external_payload_min_size {
+            c.runtime.external_payload_min_size = v;
         }
         let cold = &mut c.storage.cold;
         cold.backend = self.cold_backend.or(cold.backend);
@@ -239,6 +247,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     }
     app.spawn_upkeep();
     parts::spawn_sweep(&app);
+    external::spawn_sweep(&app);
     tokio::spawn(fail_stop_on_storage_failure(node.clone()));
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();

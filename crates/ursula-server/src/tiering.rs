@@ -129,26 +129,20 @@ pub struct Tiering {
     /// exactly would mean a pass over the group's streams on every write; this estimate is
     /// recounted every tick and only ever errs by what one tick wrote.
     hot: Vec<AtomicU64>,
+    /// Per group: the namespace this node writes under until the group state names one.
+    pub namespaces: crate::external::Namespaces,
 }
 
-/// The key of a group's chunk object (cluster.md §6): one prefix per group namespace.
+/// The key of a group's chunk object (cluster.md §6): one prefix per group namespace. An
+/// external payload's id names its own key ([`crate::external::external_key`]).
 pub fn chunk_key(namespace: u64, group: u32, id: ObjectId) -> Result<ObjectKey, ColdError> {
+    if id.is_external() {
+        return crate::external::external_key(namespace, group, id);
+    }
     ObjectKey::new(format!(
         "chunks/{namespace:016x}/g{group:05}/{:020}.chunk",
         id.0
     ))
-}
-
-/// A fresh, non-zero namespace for a group's first flush.
-fn fresh_namespace() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish().max(1)
 }
 
 fn cold_failed(e: &ColdError) -> ApiError {
@@ -185,6 +179,7 @@ impl Tiering {
             health: ColdHealth::default(),
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            namespaces: crate::external::Namespaces::new(groups),
         })
     }
 
@@ -255,11 +250,7 @@ impl Tiering {
         let Some((mut next, namespace, picked, pieces)) = planned else {
             return 0;
         };
-        let namespace = if namespace == 0 {
-            fresh_namespace()
-        } else {
-            namespace
-        };
+        let namespace = self.namespaces.get(group, namespace);
         let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
         let mut body = chunk_object::ChunkWriter::new(total);
         let mut slices = Vec::with_capacity(picked.len());
@@ -550,6 +541,11 @@ impl Tiering {
         inc(&self.metrics.cold_reads, 1);
         inc(&self.metrics.cold_read_bytes, len);
         Ok(())
+    }
+
+    /// A conditional create, timed like every store call.
+    pub async fn timed_put(&self, key: &ObjectKey, body: Body) -> Result<(), ColdError> {
+        self.timed(self.store.put_if_absent(key, body)).await
     }
 
     async fn timed<T>(&self, f: impl std::future::Future<Output = T>) -> T {
