@@ -194,6 +194,9 @@ pub async fn append(
     json: bool,
 ) -> Result<Reply, ApiError> {
     let group = app.group_of(&req.key);
+    if let Some(dup) = duplicate(app, group, &req).await {
+        return Ok(dup);
+    }
     let x = stage(app, group, &payload, json).await?;
     let op = Op::AppendExternal(Box::new(ExternalAppend {
         req,
@@ -204,6 +207,34 @@ pub async fn append(
         settle_failed(app, group, &x, e);
     }
     r
+}
+
+/// The answer to a producer's retry of an append it already made, without uploading the body
+/// again. When the state shows the producer's `(epoch, seq)` as taken, an append of the same
+/// headers with an empty body is proposed: the duplicate check runs before anything that
+/// depends on the body, so if it still is a duplicate that answers it. Anything else (the
+/// stream changed meanwhile) falls back to the full path.
+async fn duplicate(app: &Arc<App>, group: u32, req: &AppendReq) -> Option<Reply> {
+    let p = req.producer.as_ref()?;
+    let taken = app.with_stream(&req.key, |s| {
+        s.producers
+            .get(&p.id)
+            .is_some_and(|st| st.epoch == p.epoch && p.seq <= st.last_seq)
+    });
+    if taken != Some(true) {
+        return None;
+    }
+    let probe = AppendReq {
+        payload: Bytes::new(),
+        messages: 0,
+        // An empty body with close would close the stream if it is no duplicate after all.
+        close: false,
+        ..req.clone()
+    };
+    match app.propose(group, Op::Append(Box::new(probe))).await {
+        Ok(Reply::Appended(a)) if a.duplicate => Some(Reply::Appended(a)),
+        _ => None,
+    }
 }
 
 /// A create (not a fork) whose canonical initial body goes to the store first.
