@@ -32,6 +32,46 @@ use ursula_core::external::{ExternalAppend, ExternalCreate, ExternalPayload};
 use ursula_storage::chunk_object::ChunkWriter;
 use ursula_storage::cold::{Body, ColdError, ObjectKey};
 
+/// Counters of external payloads (exported with the cold tier's metrics).
+#[derive(Debug, Default)]
+pub struct ExternalMetrics {
+    /// Payloads written to the store, and their bytes.
+    pub writes: AtomicU64,
+    pub bytes: AtomicU64,
+    /// Payload writes the store failed (answered `502 COLD_STORE_FAILED`).
+    pub errors: AtomicU64,
+    /// Orphans the sweep deleted.
+    pub swept: AtomicU64,
+}
+
+impl ExternalMetrics {
+    pub fn rows(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            (
+                "ursula_external_payloads_total",
+                "counter",
+                get(&self.writes),
+            ),
+            (
+                "ursula_external_payload_bytes_total",
+                "counter",
+                get(&self.bytes),
+            ),
+            (
+                "ursula_external_payload_errors_total",
+                "counter",
+                get(&self.errors),
+            ),
+            (
+                "ursula_external_payloads_swept_total",
+                "counter",
+                get(&self.swept),
+            ),
+        ]
+    }
+}
+
 /// The key of an external payload object.
 pub fn external_key(namespace: u64, group: u32, id: ObjectId) -> Result<ObjectKey, ColdError> {
     ObjectKey::new(format!(
@@ -144,6 +184,8 @@ async fn stage(
         let key = external_key(namespace, group, id).map_err(|e| store_failed(&e))?;
         match t.timed_put(&key, Body::from(object.clone())).await {
             Ok(()) => {
+                crate::metrics::inc(&t.external.writes, 1);
+                crate::metrics::inc(&t.external.bytes, len);
                 return Ok(ExternalPayload {
                     namespace,
                     object: id,
@@ -155,6 +197,7 @@ async fn stage(
             Err(ColdError::AlreadyExists { .. }) => continue,
             Err(e) => {
                 tracing::debug!(group, error = %e, "external payload upload failed");
+                crate::metrics::inc(&t.external.errors, 1);
                 return Err(store_failed(&e));
             }
         }
@@ -295,6 +338,7 @@ pub async fn sweep_group(app: &Arc<App>, group: u32, grace: Duration) -> Result<
         }
         t.store.delete(&key).await?;
         deleted += 1;
+        crate::metrics::inc(&t.external.swept, 1);
         tracing::info!(
             group,
             object = id.0,

@@ -131,6 +131,7 @@ pub struct Tiering {
     hot: Vec<AtomicU64>,
     /// Per group: the namespace this node writes under until the group state names one.
     pub namespaces: crate::external::Namespaces,
+    pub external: crate::external::ExternalMetrics,
 }
 
 /// The key of a group's chunk object (cluster.md §6): one prefix per group namespace. An
@@ -180,6 +181,7 @@ impl Tiering {
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             namespaces: crate::external::Namespaces::new(groups),
+            external: Default::default(),
         })
     }
 
@@ -422,7 +424,8 @@ impl Tiering {
         }
         let m = &self.metrics;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
+        let mut rows = self.external.rows();
+        rows.extend([
             ("ursula_hot_bytes", "gauge", hot),
             (
                 "ursula_cold_store_healthy",
@@ -490,7 +493,8 @@ impl Tiering {
                 "gauge",
                 self.cache.as_ref().map_or(0, |c| c.weight()),
             ),
-        ]
+        ]);
+        rows
     }
 
     /// Appends the bytes of one cold piece to `out`, checked block by block. A missing

@@ -99,6 +99,8 @@ fn large_appends_go_to_the_cold_store_and_read_back_exact_everywhere() {
     // The externals are objects of their own; the WAL holds references, not their bytes.
     let external = data.join("cold/external");
     assert_eq!(files_below(&external), 2, "one object per external payload");
+    assert_eq!(metric(&s, "external_payloads_total"), 2);
+    assert_eq!(metric(&s, "external_payload_bytes_total"), 3 * MIB as u64);
     assert!(bytes_below(&external) >= 3 * MIB as u64);
     let wal = metric(&s, "wal_disk_bytes");
     assert!(
@@ -246,6 +248,7 @@ fn a_failing_store_refuses_large_appends_and_changes_nothing() {
     let body = pattern(4, 6, 2 * MIB);
     let r = s.post("/fail/a", OCTET, &body);
     assert_error(&r, 502, "COLD_STORE_FAILED");
+    assert_eq!(metric(&s, "external_payload_errors_total"), 1);
     let r = s.put("/fail/b", OCTET, &body);
     assert_error(&r, 502, "COLD_STORE_FAILED");
     assert_eq!(s.head("/fail/b").status, 404, "the create created nothing");
@@ -331,6 +334,7 @@ fn the_orphan_sweep_deletes_unreferenced_external_objects_after_the_grace() {
         "the orphan was not swept"
     );
     assert!(used.exists(), "the sweep deleted a referenced object");
+    assert_eq!(metric(&s, "external_payloads_swept_total"), 1);
     let (got, _) = s.read_all("/swep/a");
     assert!(got == body);
 }
