@@ -105,6 +105,8 @@ impl Config {
             flush_interval: c.flush_interval,
             flush_min_hot_size: c.flush_min_hot_size(),
             flush_max_size: c.flush_max_size(),
+            flush_pressure_hot_size: c.flush_pressure_hot_size,
+            flush_max_concurrency: c.flush_max_concurrency,
             max_hot_size_per_group: c.max_hot_size_per_group,
             gc_interval: c.gc_interval,
             gc_max_entries: c.gc_max_entries,

@@ -22,7 +22,6 @@ use crate::http::error::ApiError;
 use bytes::Bytes;
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use ursula_core::ErrorCode;
@@ -106,32 +105,6 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
-/// The cold namespace each group writes under before its state names one: chosen once per
-/// process and group, so that this node's flushes and external payloads agree on it.
-#[derive(Debug)]
-pub struct Namespaces(Vec<Mutex<u64>>);
-
-impl Namespaces {
-    pub fn new(groups: u32) -> Self {
-        Namespaces((0..groups).map(|_| Mutex::new(0)).collect())
-    }
-
-    /// `current` (the group state's namespace) when set, else this node's pending choice.
-    pub fn get(&self, group: u32, current: u64) -> u64 {
-        if current != 0 {
-            return current;
-        }
-        let Some(slot) = self.0.get(group as usize) else {
-            return random_u64().max(1);
-        };
-        let mut ns = slot.lock().unwrap_or_else(|e| e.into_inner());
-        if *ns == 0 {
-            *ns = random_u64().max(1);
-        }
-        *ns
-    }
-}
-
 /// Whether a canonical body of `len` bytes is written to the cold store before it is proposed.
 pub fn wanted(app: &App, len: usize) -> bool {
     app.tiering.is_some() && len > 0 && len as u64 >= app.cfg.runtime.external_payload_min_size
@@ -157,9 +130,19 @@ async fn stage(
             "no cold tier for an external payload",
         ));
     };
-    let namespace = t
-        .namespaces
-        .get(group, app.with_group(group, |g| g.cold.namespace));
+    // Like a flush, never write under a namespace the group's state does not know yet.
+    let (mut namespace, next) = app.with_group(group, |g| (g.cold.namespace, g.cold.next_object));
+    if namespace == 0 {
+        namespace = match t.claim_namespace(app, group, next).await {
+            Some((ns, _)) if ns != 0 => ns,
+            _ => {
+                return Err(ApiError::new(
+                    ErrorCode::LEADER_UNAVAILABLE,
+                    "the group's cold namespace could not be committed; nothing was appended; retry",
+                ));
+            }
+        };
+    }
     let len = payload.len() as u64;
     let mut w = ChunkWriter::new(len);
     w.write(payload);
@@ -393,14 +376,5 @@ mod tests {
             None
         );
         assert_eq!(id_of("external/x/g00003/8000000000000abc.chunk"), None);
-    }
-
-    #[test]
-    fn a_node_keeps_one_pending_namespace_per_group() {
-        let n = Namespaces::new(2);
-        let a = n.get(0, 0);
-        assert_ne!(a, 0);
-        assert_eq!(n.get(0, 0), a);
-        assert_eq!(n.get(0, 7), 7);
     }
 }

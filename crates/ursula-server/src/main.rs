@@ -5,6 +5,7 @@ mod cold;
 mod cold_read;
 mod config;
 mod external;
+mod flush_pass;
 mod http;
 mod metrics;
 mod parse_errors;
@@ -112,11 +113,11 @@ struct ServerArgs {
     /// Endpoint of an S3-compatible store, e.g. http://127.0.0.1:9000 [default: AWS].
     #[arg(long, env = "URSULA_COLD_S3_ENDPOINT")]
     cold_s3_endpoint: Option<String>,
-    /// Log format: text or json [default: text].
     /// With a cold backend, bodies of at least this size go to the cold store before they are
     /// proposed (`runtime.external_payload_min_size`) [default: 1MiB].
     #[arg(long, env = "URSULA_EXTERNAL_PAYLOAD_MIN_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
     external_payload_min_size: Option<u64>,
+    /// Log format: text or json [default: text].
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
 }

@@ -236,30 +236,13 @@ pub async fn suffixes_after(
 ) -> Result<Vec<Vec<u8>>, ApiError> {
     use futures::StreamExt;
     let mut pieces = std::pin::pin!(blob_stream(store, r).await?);
-    let keep = needle.len() + n - 1;
-    let mut carry: Vec<u8> = Vec::new();
-    let mut out = Vec::new();
+    let mut scan = crate::http::boundary::SuffixScan::new(needle, n);
     while let Some(piece) = pieces.next().await {
         let piece =
             piece.map_err(|e| ApiError::new(ErrorCode::COLD_STORE_FAILED, e.to_string()))?;
-        let mut window = std::mem::take(&mut carry);
-        window.extend_from_slice(&piece);
-        suffixes_in(&window, needle, n, &mut out);
-        carry = window[window.len().saturating_sub(keep)..].to_vec();
+        scan.feed(&piece);
     }
-    Ok(out)
-}
-
-fn suffixes_in(hay: &[u8], needle: &[u8], n: usize, out: &mut Vec<Vec<u8>>) {
-    let mut i = 0;
-    while let Some(p) = hay
-        .get(i..)
-        .and_then(|h| h.windows(needle.len()).position(|w| w == needle))
-    {
-        let at = i + p + needle.len();
-        out.push(hay[at..hay.len().min(at + n)].to_vec());
-        i = i + p + 1;
-    }
+    Ok(scan.into_found())
 }
 
 /// Deletes the objects of snapshot `key` best effort.
@@ -441,13 +424,6 @@ mod tests {
             "snapshots/b/s/00000000000000000000000000000007/00000000000000000042-0101"
         ));
         assert_eq!(stem_of(&format!("{stem}.p00001")), stem);
-    }
-
-    #[test]
-    fn suffixes_are_found_in_a_window() {
-        let mut out = Vec::new();
-        suffixes_in(b"xx--b-123--b-45", b"--b-", 3, &mut out);
-        assert_eq!(out, vec![b"123".to_vec(), b"45".to_vec()]);
     }
 
     #[test]

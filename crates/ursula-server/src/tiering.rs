@@ -30,6 +30,10 @@ pub struct TierConfig {
     pub flush_min_hot_size: u64,
     /// Largest flush object. Default: 8 MiB.
     pub flush_max_size: u64,
+    /// Led groups' hot bytes above which undersized groups flush too (`0` off). 128 MiB.
+    pub flush_pressure_hot_size: u64,
+    /// Flush uploads at once. Default: 4.
+    pub flush_max_concurrency: usize,
     /// Writes that would take a group's hot bytes past this answer `503 COLD_BACKPRESSURE`
     /// (`0` disables). Default: 64 MiB.
     pub max_hot_size_per_group: u64,
@@ -47,6 +51,8 @@ impl Default for TierConfig {
             flush_interval: Duration::from_secs(1),
             flush_min_hot_size: 8 << 20,
             flush_max_size: 8 << 20,
+            flush_pressure_hot_size: 128 << 20,
+            flush_max_concurrency: 4,
             max_hot_size_per_group: 64 << 20,
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
@@ -59,6 +65,8 @@ impl Default for TierConfig {
 #[derive(Debug, Default)]
 pub struct TierMetrics {
     pub flushes: AtomicU64,
+    /// Flush ticks that found the led groups' hot bytes above `flush_pressure_hot_size`.
+    pub pressure_flushes: AtomicU64,
     pub flushed_bytes: AtomicU64,
     pub flush_errors: AtomicU64,
     pub gc_deleted: AtomicU64,
@@ -129,8 +137,8 @@ pub struct Tiering {
     /// exactly would mean a pass over the group's streams on every write; this estimate is
     /// recounted every tick and only ever errs by what one tick wrote.
     hot: Vec<AtomicU64>,
-    /// Per group: the namespace this node writes under until the group state names one.
-    pub namespaces: crate::external::Namespaces,
+    /// Groups whose orphan probe ran ([`Tiering::probe_orphan`]).
+    pub(crate) probed: Vec<AtomicBool>,
     pub external: crate::external::ExternalMetrics,
 }
 
@@ -144,6 +152,18 @@ pub fn chunk_key(namespace: u64, group: u32, id: ObjectId) -> Result<ObjectKey, 
         "chunks/{namespace:016x}/g{group:05}/{:020}.chunk",
         id.0
     ))
+}
+
+/// A fresh, non-zero namespace for a group's first flush.
+fn fresh_namespace() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish().max(1)
 }
 
 fn cold_failed(e: &ColdError) -> ApiError {
@@ -180,7 +200,7 @@ impl Tiering {
             health: ColdHealth::default(),
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
-            namespaces: crate::external::Namespaces::new(groups),
+            probed: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             external: Default::default(),
         })
     }
@@ -208,6 +228,13 @@ impl Tiering {
             ));
         }
         Ok(())
+    }
+
+    /// The hot bytes `group` held when its last flush pass looked (0 if it never did).
+    pub fn hot_seen(&self, group: u32) -> u64 {
+        self.hot
+            .get(group as usize)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// One flush of `group`, when it holds enough hot bytes: plan under the read lock, pack
@@ -252,7 +279,18 @@ impl Tiering {
         let Some((mut next, namespace, picked, pieces)) = planned else {
             return 0;
         };
-        let namespace = self.namespaces.get(group, namespace);
+        // The namespace is committed before any object is written under it, so every object
+        // this group uploads is under a namespace its state knows: an upload whose flush
+        // never committed is found again at the group's next id (below), never lost.
+        let namespace = if namespace == 0 {
+            let Some((ns, n)) = self.claim_namespace(app, group, next).await else {
+                return 0;
+            };
+            next = n;
+            ns
+        } else {
+            namespace
+        };
         let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
         let mut body = chunk_object::ChunkWriter::new(total);
         let mut slices = Vec::with_capacity(picked.len());
@@ -292,18 +330,9 @@ impl Tiering {
                     break;
                 }
                 Err(ColdError::AlreadyExists { .. }) => {
-                    // Left by an attempt that uploaded but never committed: hand it to GC
-                    // (an empty flush of its id), then take the next id.
-                    let orphan = FlushReq {
-                        namespace,
-                        object: id,
-                        object_len: 0,
-                        slices: Vec::new(),
-                    };
-                    if !app
-                        .propose_upkeep(group, Op::ColdFlush(Box::new(orphan)))
-                        .await
-                    {
+                    // Left by an attempt that uploaded but never committed: hand it to GC,
+                    // then take the next id.
+                    if !self.hand_to_gc(app, group, namespace, id).await {
                         return 0;
                     }
                     tracing::info!(
@@ -359,6 +388,75 @@ impl Tiering {
                 // next id and hands it to GC through the log, after any such command.
                 inc(&self.metrics.flush_errors, 1);
                 0
+            }
+        }
+    }
+
+    /// Commits a fresh namespace for `group` (an empty flush of id `next`, which is queued
+    /// for deletion and so never used); returns the namespace the group now has (another
+    /// leader's may have won) and its next id.
+    pub(crate) async fn claim_namespace(
+        &self,
+        app: &Arc<App>,
+        group: u32,
+        next: u64,
+    ) -> Option<(u64, u64)> {
+        if !self
+            .hand_to_gc(app, group, fresh_namespace(), ObjectId(next))
+            .await
+        {
+            return None;
+        }
+        Some(app.with_group(group, |g| (g.cold.namespace, g.cold.next_object)))
+    }
+
+    /// Hands object `id` to GC through the log: an empty flush of it (cold.rs
+    /// `apply_flush`), which also sets the group's namespace if it has none.
+    async fn hand_to_gc(&self, app: &Arc<App>, group: u32, namespace: u64, id: ObjectId) -> bool {
+        let orphan = FlushReq {
+            namespace,
+            object: id,
+            object_len: 0,
+            slices: Vec::new(),
+        };
+        app.propose_upkeep(group, Op::ColdFlush(Box::new(orphan)))
+            .await
+    }
+
+    /// Once per leadership of this process: an object already stored at `group`'s next id
+    /// was uploaded by a flush that never committed (a crash between upload and commit); a
+    /// group that gets no new writes would never find it by flushing, so look once.
+    /// Returns whether the probe ran to the end (else try again later).
+    pub async fn probe_orphan(&self, app: &Arc<App>, group: u32) -> bool {
+        if !app.node.leads(group) {
+            return false;
+        }
+        let Some(_busy) = self.claim(group) else {
+            return false;
+        };
+        let (namespace, next) = app.with_group(group, |g| (g.cold.namespace, g.cold.next_object));
+        if namespace == 0 {
+            return true;
+        }
+        let Ok(key) = chunk_key(namespace, group, ObjectId(next)) else {
+            return true;
+        };
+        match self.timed(self.store.head(&key)).await {
+            Ok(_) => {
+                let queued = self.hand_to_gc(app, group, namespace, ObjectId(next)).await;
+                if queued {
+                    tracing::info!(
+                        group,
+                        object = next,
+                        "queued an orphan cold object for deletion"
+                    );
+                }
+                queued
+            }
+            Err(ColdError::NotFound { .. }) => true,
+            Err(e) => {
+                tracing::debug!(group, error = %e, "orphan probe failed; will retry");
+                false
             }
         }
     }
@@ -436,6 +534,11 @@ impl Tiering {
             ("ursula_cold_objects", "gauge", objects),
             ("ursula_cold_gc_queued_objects", "gauge", queued),
             ("ursula_cold_flushes_total", "counter", get(&m.flushes)),
+            (
+                "ursula_cold_pressure_flush_passes_total",
+                "counter",
+                get(&m.pressure_flushes),
+            ),
             (
                 "ursula_cold_flushed_bytes_total",
                 "counter",
@@ -571,16 +674,7 @@ impl Tiering {
             gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
-                    _ = flush.tick() => {
-                        for group in 0..app.node.group_count() {
-                            // Keep flushing a group while it stays above the threshold.
-                            for _ in 0..64 {
-                                if tier.flush_group(&app, group, false).await == 0 {
-                                    break;
-                                }
-                            }
-                        }
-                    }
+                    _ = flush.tick() => tier.flush_pass(&app).await,
                     _ = gc.tick() => {
                         for group in 0..app.node.group_count() {
                             tier.gc_group(&app, group).await;

@@ -120,6 +120,79 @@ fn invalid_combinations_fail_start_up_clearly() {
     let (st, err) = failed_start(&["--cold-root", "a/../b"], &[]);
     assert!(!st.success());
     assert!(err.contains("storage.cold.root"), "{err}");
+
+    // Compaction is a spec key this release does not implement: refused, not ignored.
+    std::fs::write(&cfg, "[storage.cold]\ncompaction_enabled = true\n").unwrap();
+    let (st, err) = failed_start(&["--config", cfg.to_str().unwrap()], &[]);
+    assert!(!st.success());
+    assert!(err.contains("compaction_enabled"), "{err}");
+    std::fs::write(&cfg, "[storage.cold]\nflush_max_concurrency = 0\n").unwrap();
+    let (st, err) = failed_start(&["--config", cfg.to_str().unwrap()], &[]);
+    assert!(!st.success());
+    assert!(err.contains("flush_max_concurrency"), "{err}");
+}
+
+/// Every `[storage.cold]` key of cluster.md §7.5 is accepted with its documented form.
+#[test]
+fn every_spec_key_of_the_cold_section_is_accepted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nbackend = \"local\"\nflush_interval = \"1s\"\nflush_size = \"8MiB\"\n\
+         flush_min_hot_size = \"8MiB\"\nflush_max_size = \"8MiB\"\n\
+         flush_pressure_hot_size = \"128MiB\"\nflush_max_concurrency = 4\n\
+         max_hot_size_per_group = \"64MiB\"\ngc_interval = \"5s\"\ngc_max_entries = 256\n\
+         compaction_enabled = false\ncompaction_interval = \"30s\"\n\
+         compaction_target_size = \"8MiB\"\ncompaction_max_size = \"16MiB\"\n\
+         compaction_max_streams_per_pass = 16\ncompaction_gc_grace = \"300s\"\n\
+         snapshot_part_grace = \"1d\"\nsnapshot_part_sweep_interval = \"1h\"\n\
+         [storage.cold.cache]\nmax_size = \"256MiB\"\nblock_size = \"1MiB\"\nreadahead_blocks = 4\n",
+    )
+    .unwrap();
+    let s = Server::start_in_with_args(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap()],
+    );
+    let r = s.put("/keys/s", "text/plain", b"x");
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Groups below the flush threshold still flush when the hot bytes of all led groups pass
+/// `flush_pressure_hot_size`, so many small groups cannot hold unbounded memory together.
+#[test]
+fn hot_pressure_flushes_undersized_groups() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nflush_size = \"4MiB\"\nflush_pressure_hot_size = \"256KiB\"\n\
+         flush_interval = \"50ms\"\n",
+    )
+    .unwrap();
+    let s = Server::start_in_with_args(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap(), "--group-count", "4"],
+    );
+    let chunk = vec![7u8; 32 * 1024];
+    for i in 0..16 {
+        let path = format!("/press/s{i}");
+        assert_eq!(s.put(&path, "application/octet-stream", b"").status, 201);
+        assert_eq!(
+            s.post(&path, "application/octet-stream", &chunk).status,
+            204
+        );
+    }
+    let metric = |n: &str| s.metrics()[n].as_u64().unwrap_or(0);
+    assert!(
+        wait_until(Duration::from_secs(20), || metric("hot_bytes")
+            <= 256 * 1024),
+        "pressure did not flush: {}",
+        s.metrics()
+    );
+    assert!(metric("cold_bytes") >= 256 * 1024, "{}", s.metrics());
+    let (got, _) = s.read_all("/press/s3");
+    assert!(got == chunk);
 }
 
 #[test]

@@ -1,15 +1,17 @@
 //! `GET /{bucket}/{stream}/bootstrap` (extensions.md §8): the visible snapshot plus every
 //! retained message after it, as one `multipart/mixed` response.
 
+use super::boundary::{self, SuffixScan};
 use super::error::ApiError;
 use super::path::Target;
+use super::pieces::Pieces;
 use super::snapshot::put_records;
 use super::{ApiResult, headers as h, read};
 use crate::app::App;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
-use std::hash::{BuildHasher, RandomState};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use ursula_core::ErrorCode;
 use ursula_core::ids::Incarnation;
@@ -17,8 +19,8 @@ use ursula_core::offset::Off;
 use ursula_core::snapshot::Snapshot;
 
 const BOUNDARY_PREFIX: &str = "bootstrap-";
-/// Answers whose parts hold at least this many bytes are assembled off the async workers.
-const SCAN_INLINE_MAX: usize = 1 << 20;
+/// The boundary scan yields to other tasks after this many bytes.
+const YIELD_EVERY: usize = 4 << 20;
 
 /// What one bootstrap answer is built from, read under one lock so it is consistent.
 struct Plan {
@@ -72,32 +74,47 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
             }
         })
         .ok_or_else(|| ApiError::new(ErrorCode::STREAM_NOT_FOUND, "stream not found"))?;
-    // A cold snapshot's blob is streamed from the cold store piece by piece (`502
-    // COLD_STORE_FAILED` if it fails before the answer starts), after one pass over its
-    // pieces that notes where it holds `--bootstrap-`, so the boundary avoids it too.
+    // The boundary must occur in no part. One pass over the bodies, a piece at a time (one
+    // cold fetch in memory at once), notes what follows each `--bootstrap-` in them; the
+    // answer then streams a second pass. A failing cold store answers `502
+    // COLD_STORE_FAILED` during the first pass, before the answer starts.
+    let needle = format!("--{BOUNDARY_PREFIX}");
+    let mut taken = Vec::new();
     let mut cold_blob = None;
     if let (Some(r), true) = (&object, plan.snapshot.is_some()) {
         let cold = crate::snapshot_store::store_of(app)?;
-        let needle = format!("--{BOUNDARY_PREFIX}");
-        let taken =
-            crate::snapshot_store::suffixes_after(cold.clone(), r, needle.as_bytes(), 32).await?;
-        let stream = crate::snapshot_store::blob_stream(cold, r).await?;
-        cold_blob = Some((taken, futures::StreamExt::boxed(stream)));
+        taken = crate::snapshot_store::suffixes_after(
+            cold.clone(),
+            r,
+            needle.as_bytes(),
+            boundary::RANDOM_HEX,
+        )
+        .await?;
+        cold_blob = Some(futures::StreamExt::boxed(
+            crate::snapshot_store::blob_stream(cold, r).await?,
+        ));
     }
-    let mut data = Vec::new();
-    read::collect(app, key, plan.start, plan.tail, &mut data).await?;
+    let mut scan = SuffixScan::new(needle.as_bytes(), boundary::RANDOM_HEX);
+    if let Some(s) = &plan.snapshot {
+        scan.feed(&s.blob);
+        scan.end_body();
+    }
+    let mut scanned = 0usize;
+    let mut pass = Pieces::new(app, key, plan.start, plan.tail)?;
+    while let Some(piece) = pass.next().await? {
+        scan.feed(&piece);
+        scanned += piece.len();
+        if scanned >= YIELD_EVERY {
+            scanned = 0;
+            tokio::task::yield_now().await;
+        }
+    }
+    taken.extend(scan.into_found());
+    let updates = Pieces::new(app, key, plan.start, plan.tail)?;
     if touch {
         read::touch_if_due(app, key, &v).await;
     }
-    let data = Bytes::from(data);
-    let scanned = data.len() + plan.snapshot.as_ref().map_or(0, |s| s.blob.len());
-    if scanned < SCAN_INLINE_MAX {
-        return Ok(respond(plan, data, cold_blob));
-    }
-    // Choosing the boundary scans every byte once: keep that off the async workers.
-    tokio::task::spawn_blocking(move || respond(plan, data, cold_blob))
-        .await
-        .map_err(|_| ApiError::new(ErrorCode::INTERNAL_ERROR, "building the bootstrap failed"))
+    Ok(respond(plan, &taken, updates, cold_blob))
 }
 
 /// The update parts: `(start, end)` offsets of each message, or of the rest of the one the
@@ -115,25 +132,17 @@ fn part_ranges(plan: &Plan) -> Vec<(u64, u64)> {
     out
 }
 
-/// A cold blob: the bytes after each `--bootstrap-` in it, and its pieces.
-type ColdBlob = (
-    Vec<Vec<u8>>,
-    futures::stream::BoxStream<'static, Result<Bytes, std::io::Error>>,
-);
+/// A cold blob's pieces.
+type ColdBlob = futures::stream::BoxStream<'static, Result<Bytes, std::io::Error>>;
 
-fn respond(plan: Plan, data: Bytes, cold: Option<ColdBlob>) -> Response<Body> {
-    let ranges = part_ranges(&plan);
-    let piece =
-        |(a, b): (u64, u64)| data.slice((a - plan.start) as usize..(b - plan.start) as usize);
-    let blob = plan
-        .snapshot
-        .as_ref()
-        .map_or_else(Bytes::new, |s| s.blob.clone());
-    let (taken, cold_stream) = match cold {
-        Some((t, st)) => (t, Some(st)),
-        None => (Vec::new(), None),
-    };
-    let boundary = pick_boundary(&[&blob, &data], &taken);
+fn respond(
+    plan: Plan,
+    taken: &[Vec<u8>],
+    updates: Pieces,
+    cold: Option<ColdBlob>,
+) -> Response<Body> {
+    use futures::StreamExt;
+    let boundary = boundary::pick(BOUNDARY_PREFIX, taken);
     let dash = format!("--{boundary}");
     let snapshot_ct = plan
         .snapshot
@@ -145,22 +154,29 @@ fn respond(plan: Plan, data: Bytes, cold: Option<ColdBlob>) -> Response<Body> {
         plan.content_type.as_str()
     };
     let head = format!("{dash}\r\nContent-Type: {snapshot_ct}\r\n\r\n");
-    let part_head = format!("\r\n{dash}\r\nContent-Type: {update_ct}\r\n\r\n");
-    let mut chunks = vec![];
-    for r in ranges {
-        chunks.push(Bytes::from(part_head.clone()));
-        chunks.push(piece(r));
-    }
-    chunks.push(Bytes::from(format!("\r\n{dash}--\r\n")));
-    let ok = |v: Vec<Bytes>| futures::stream::iter(v.into_iter().map(Ok::<_, std::io::Error>));
-    let blob_part = match cold_stream {
+    let part_head = Bytes::from(format!("\r\n{dash}\r\nContent-Type: {update_ct}\r\n\r\n"));
+    let blob_part = match cold {
         Some(st) => st,
-        None => futures::StreamExt::boxed(ok(vec![blob])),
+        None => {
+            let blob = plan
+                .snapshot
+                .as_ref()
+                .map_or_else(Bytes::new, |s| s.blob.clone());
+            futures::stream::iter([Ok(blob)]).boxed()
+        }
     };
-    let stream = futures::StreamExt::chain(
-        futures::StreamExt::chain(ok(vec![Bytes::from(head)]), blob_part),
-        ok(chunks),
-    );
+    let parts = Parts {
+        cuts: part_ranges(&plan).into_iter().map(|(a, _)| a).collect(),
+        pos: plan.start,
+        pending: Bytes::new(),
+        part_head,
+        pieces: updates,
+    };
+    let end = Bytes::from(format!("\r\n{dash}--\r\n"));
+    let stream = futures::stream::iter([Ok(Bytes::from(head))])
+        .chain(blob_part)
+        .chain(parts.into_stream())
+        .chain(futures::stream::iter([Ok(end)]));
     let mut resp = Response::new(Body::from_stream(stream));
     let hm = resp.headers_mut();
     h::put(
@@ -183,57 +199,47 @@ fn respond(plan: Plan, data: Bytes, cold: Option<ColdBlob>) -> Response<Body> {
     resp
 }
 
-/// A `bootstrap-` + 32 random hex boundary that occurs in none of the bodies.
-fn pick_boundary(bodies: &[&[u8]], also_taken: &[Vec<u8>]) -> String {
-    let state = RandomState::new();
-    let mut n = 0u64;
-    choose_boundary(bodies, also_taken, || {
-        n += 1;
-        let (a, b) = (state.hash_one(n), state.hash_one(!n));
-        format!("{a:016x}{b:016x}")
-    })
+/// The update parts of an answer: the stream's bytes with a part head before each message.
+struct Parts {
+    pieces: Pieces,
+    /// Offsets where a part starts, in order.
+    cuts: VecDeque<u64>,
+    /// Offset of the first byte of `pending`.
+    pos: u64,
+    pending: Bytes,
+    part_head: Bytes,
 }
 
-/// The first candidate (`bootstrap-` + `next()`) that occurs in none of the bodies. Every
-/// occurrence of `--bootstrap-` in a body is noted first, so the bytes are scanned once.
-fn choose_boundary(
-    bodies: &[&[u8]],
-    also_taken: &[Vec<u8>],
-    mut next: impl FnMut() -> String,
-) -> String {
-    let needle = format!("--{BOUNDARY_PREFIX}");
-    let mut taken: Vec<&[u8]> = also_taken.iter().map(Vec::as_slice).collect();
-    for body in bodies {
-        for at in find_all(body, needle.as_bytes()) {
-            taken.push(&body[at + needle.len()..]);
+impl Parts {
+    async fn next(&mut self) -> Result<Option<Bytes>, ApiError> {
+        if self.cuts.front() == Some(&self.pos) {
+            self.cuts.pop_front();
+            return Ok(Some(self.part_head.clone()));
         }
-    }
-    loop {
-        let hex = next();
-        if !taken.iter().any(|t| t.starts_with(hex.as_bytes())) {
-            return format!("{BOUNDARY_PREFIX}{hex}");
+        if self.pending.is_empty() {
+            match self.pieces.next().await? {
+                Some(b) => self.pending = b,
+                None => return Ok(None),
+            }
         }
+        let room = self
+            .cuts
+            .front()
+            .map_or(u64::MAX, |c| c - self.pos)
+            .min(self.pending.len() as u64);
+        self.pos += room;
+        Ok(Some(self.pending.split_to(room as usize)))
     }
-}
 
-/// Start positions of `needle` in `hay` (non-empty needle).
-fn find_all(hay: &[u8], needle: &[u8]) -> Vec<usize> {
-    let Some((&first, rest)) = needle.split_first() else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let mut i = 0;
-    while let Some(p) = hay
-        .get(i..)
-        .and_then(|h| h.iter().position(|b| *b == first))
-    {
-        let at = i + p;
-        if hay.get(at + 1..at + needle.len()) == Some(rest) {
-            out.push(at);
-        }
-        i = at + 1;
+    fn into_stream(self) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+        futures::stream::try_unfold(self, |mut p| async move {
+            match p.next().await {
+                Ok(Some(b)) => Ok(Some((b, p))),
+                Ok(None) => Ok(None),
+                Err(e) => Err(std::io::Error::other(e.rejection.message)),
+            }
+        })
     }
-    out
 }
 
 #[cfg(test)]
@@ -241,37 +247,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_every_occurrence() {
-        assert_eq!(find_all(b"abcabcab", b"ab"), vec![0, 3, 6]);
-        assert_eq!(find_all(b"aaa", b"aa"), vec![0, 1]);
-        assert!(find_all(b"", b"x").is_empty());
-    }
-
-    #[test]
-    fn boundary_avoids_the_bodies() {
-        let b = pick_boundary(&[b"hello", b""], &[]);
-        assert!(b.starts_with(BOUNDARY_PREFIX) && b.len() == BOUNDARY_PREFIX.len() + 32);
-        assert!(
-            b[BOUNDARY_PREFIX.len()..]
-                .bytes()
-                .all(|c| c.is_ascii_hexdigit())
-        );
-        let first = "0".repeat(32);
-        let second = "1".repeat(32);
-        let body = format!("x\r\n--{BOUNDARY_PREFIX}{first}\r\n");
-        let mut candidates = [first.clone(), second.clone()].into_iter();
-        let chosen = choose_boundary(&[b"", body.as_bytes()], &[], || {
-            candidates.next().unwrap_or_default()
-        });
-        assert_eq!(chosen, format!("{BOUNDARY_PREFIX}{second}"));
-        let mut candidates = [first.clone(), second.clone()].into_iter();
-        let chosen = choose_boundary(&[], &[first.clone().into_bytes()], || {
-            candidates.next().unwrap_or_default()
-        });
-        assert_eq!(
-            chosen,
-            format!("{BOUNDARY_PREFIX}{second}"),
-            "a cold blob's occurrences"
-        );
+    fn every_message_is_a_part() {
+        let plan = |start, tail, ends: Vec<u64>| Plan {
+            snapshot: None,
+            start,
+            tail,
+            ends,
+            content_type: String::new(),
+            json: false,
+            closed: false,
+            incarnation: Incarnation(0),
+            record_first: 0,
+            record_next: 0,
+        };
+        assert_eq!(part_ranges(&plan(2, 9, vec![5, 9])), vec![(2, 5), (5, 9)]);
+        assert_eq!(part_ranges(&plan(2, 9, vec![5])), vec![(2, 5), (5, 9)]);
+        assert!(part_ranges(&plan(4, 4, vec![])).is_empty());
     }
 }

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod body;
 pub mod bootstrap;
+pub mod boundary;
 pub mod bucket;
 pub mod error;
 pub mod headers;
@@ -11,6 +12,7 @@ pub mod long_poll;
 pub mod ops;
 pub mod parts;
 pub mod path;
+pub mod pieces;
 pub mod query;
 pub mod read;
 pub mod record_read;

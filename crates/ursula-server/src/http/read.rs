@@ -2,11 +2,11 @@
 
 use super::error::ApiError;
 use super::path::Target;
+use super::pieces::{self, Pieces};
 use super::query::{Live, parse_query, wants_ndjson};
 use super::{ApiResult, headers as h, long_poll, record_read, render, sse};
 use crate::app::App;
 use crate::metrics::inc;
-use crate::tiering::FetchError;
 use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use ursula_core::ids::Incarnation;
 use ursula_core::offset::{Off, ReadStart};
 use ursula_core::snapshot::{Digest, MAX_SNAPSHOT_REQUEST_BYTES};
 use ursula_core::stream::StreamState;
-use ursula_core::{ErrorCode, StreamKey, json};
+use ursula_core::{ErrorCode, StreamKey};
 
 /// The metadata of a stream a read needs, copied out of its group's lock.
 #[derive(Debug, Clone)]
@@ -132,67 +132,15 @@ pub fn plan(
 }
 
 /// Copies the bytes `[start, end)` of a stream into `out`, fetching cold pieces from the
-/// cold tier outside any lock.
+/// cold tier outside any lock (for bounded windows: SSE events, long-poll answers).
 pub async fn collect(
-    app: &App,
+    app: &Arc<App>,
     key: &StreamKey,
     start: u64,
     end: u64,
     out: &mut Vec<u8>,
 ) -> Result<(), ApiError> {
-    out.reserve((end - start) as usize);
-    let mark = out.len();
-    // A missing object means GC deleted it after the plan was made (retention or a delete
-    // released it): plan again, which answers 410 if the range is gone. Missing twice on a
-    // fresh plan is a lost object.
-    for attempt in 0..3 {
-        out.truncate(mark);
-        match collect_planned(app, plan(app, key, start, end)?, out).await {
-            Ok(()) => return Ok(()),
-            Err(FetchError::Missing) if attempt < 2 => continue,
-            Err(FetchError::Missing) => {
-                tracing::error!(stream = ?key, start, end, "a referenced cold object is missing");
-                if let Some(t) = &app.tiering {
-                    t.health.note_missing_object();
-                }
-                return Err(ApiError::new(
-                    ErrorCode::COLD_STORE_FAILED,
-                    "a cold object these bytes live in is missing from the store",
-                ));
-            }
-            Err(FetchError::Failed(e)) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-async fn collect_planned(
-    app: &App,
-    pieces: Vec<(u32, Piece)>,
-    out: &mut Vec<u8>,
-) -> Result<(), FetchError> {
-    for (group, piece) in pieces {
-        match piece {
-            Piece::Hot(b) => out.extend_from_slice(&b),
-            Piece::Cold {
-                object,
-                pos,
-                len,
-                object_len,
-            } => {
-                let Some(t) = &app.tiering else {
-                    return Err(FetchError::Failed(ApiError::new(
-                        ErrorCode::INTERNAL_ERROR,
-                        "stream bytes are in a cold tier this node has no backend for",
-                    )));
-                };
-                let namespace = app.with_group(group, |g| g.cold.namespace);
-                t.fetch((namespace, group), object, (pos, len, object_len), out)
-                    .await?;
-            }
-        }
-    }
-    Ok(())
+    Pieces::new(app, key, start, end)?.read_into(out).await
 }
 
 /// Representation of a read response.
@@ -249,26 +197,6 @@ pub fn window_end(app: &App, key: &StreamKey, v: &View, repr: Repr, start: u64, 
             .with_stream(key, |s| s.boundary_end(start, limit).min(v.tail))
             .unwrap_or(start),
     }
-}
-
-/// Builds a catch-up style `200` body for `[start, end)`.
-pub async fn body_of(
-    app: &App,
-    key: &StreamKey,
-    repr: Repr,
-    start: u64,
-    end: u64,
-) -> Result<Vec<u8>, ApiError> {
-    let mut raw = Vec::new();
-    collect(app, key, start, end, &mut raw).await?;
-    Ok(match repr {
-        Repr::JsonArray => {
-            let mut out = Vec::with_capacity(raw.len() + 2);
-            json::ndjson_to_array(&raw, &mut out);
-            out
-        }
-        _ => raw,
-    })
 }
 
 fn etag(v: &View, start: u64, end: u64, repr: Repr) -> String {
@@ -410,7 +338,7 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
     reason = "one response, many independent facts"
 )]
 async fn data_response(
-    app: &App,
+    app: &Arc<App>,
     target: &Target,
     v: &View,
     repr: Repr,
@@ -426,10 +354,15 @@ async fn data_response(
     let mut resp = if with_etag && if_none_match(hm, &tag) {
         render::empty(StatusCode::NOT_MODIFIED)
     } else {
-        let body = body_of(app, &target.key, repr, start, end).await?;
+        let pieces = Pieces::new(app, &target.key, start, end)?;
+        let (body, len) = pieces::body(pieces, repr == Repr::JsonArray).await?;
         inc(&app.metrics.reads, 1);
         inc(&app.metrics.read_bytes, end - start);
-        Response::new(Body::from(body))
+        let mut r = Response::new(body);
+        if let Some(n) = len {
+            h::put_u64(r.headers_mut(), &http::header::CONTENT_LENGTH, n);
+        }
+        r
     };
     let out = resp.headers_mut();
     put_stream_headers(out, v, repr);

@@ -82,7 +82,7 @@ pub fn window(
 
 /// The canonical bytes of a window (following fork links), in `view`.
 pub async fn body(
-    app: &App,
+    app: &Arc<App>,
     target: &Target,
     w: &RecordWindow,
     view: RecordView,
@@ -124,7 +124,7 @@ fn put_records(hm: &mut HeaderMap, first: u64, start: u64, next: u64) {
 
 /// A record-aligned `200` (or `304`) for a window (extensions.md §11.7).
 async fn respond(
-    app: &App,
+    app: &Arc<App>,
     target: &Target,
     v: &View,
     w: &RecordWindow,

@@ -390,7 +390,7 @@ async fn run(
 /// one record. Returns the events, the offset after them and whether they reach
 /// the record tail.
 async fn record_batch(
-    app: &App,
+    app: &Arc<App>,
     target: &Target,
     r: &mut Records,
     batch: u64,

@@ -8,6 +8,8 @@
     reason = "every test crate uses a different subset of the harness"
 )]
 
+pub mod multipart;
+
 use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};

@@ -102,6 +102,12 @@ pub struct ColdConfig {
     /// Largest flush object. Default: = `flush_size`.
     #[serde(deserialize_with = "opt_size")]
     pub flush_max_size: Option<u64>,
+    /// When the hot bytes of every group this node leads add up to more than this, groups
+    /// below `flush_min_hot_size` flush too, largest first (`0` disables). Default: `128MiB`.
+    #[serde(deserialize_with = "size")]
+    pub flush_pressure_hot_size: u64,
+    /// Flush uploads running at once (non-zero). Default: 4.
+    pub flush_max_concurrency: usize,
     /// A write that would take its group's hot bytes past this answers
     /// `503 COLD_BACKPRESSURE` (`0` disables). Default: `64MiB`.
     #[serde(deserialize_with = "size")]
@@ -121,6 +127,23 @@ pub struct ColdConfig {
     /// `[storage.cold.cache]`: a bounded cache of cold blocks with read-ahead. Default: no
     /// cache (present without keys: the defaults of [`CacheConfig`]).
     pub cache: Option<CacheConfig>,
+    /// Background compaction of small cold chunks (cluster.md §6.2). Off by default; this
+    /// release does not compact, so `true` is refused at start-up.
+    pub compaction_enabled: bool,
+    /// Compaction tick (non-zero). Default: `30s`.
+    #[serde(deserialize_with = "duration")]
+    pub compaction_interval: Duration,
+    /// Preferred compacted object size (at most `compaction_max_size`). Default: `8MiB`.
+    #[serde(deserialize_with = "size")]
+    pub compaction_target_size: u64,
+    /// Largest compacted object. Default: `16MiB`.
+    #[serde(deserialize_with = "size")]
+    pub compaction_max_size: u64,
+    /// Streams compacted per pass. Default: 16.
+    pub compaction_max_streams_per_pass: usize,
+    /// Delay before compacted inputs are deleted (non-zero). Default: `300s`.
+    #[serde(deserialize_with = "duration")]
+    pub compaction_gc_grace: Duration,
 }
 
 /// `[storage.cold.cache]`.
@@ -158,10 +181,18 @@ impl Default for ColdConfig {
             flush_size: 8 << 20,
             flush_min_hot_size: None,
             flush_max_size: None,
+            flush_pressure_hot_size: 128 << 20,
+            flush_max_concurrency: 4,
             max_hot_size_per_group: 64 << 20,
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
             cache: None,
+            compaction_enabled: false,
+            compaction_interval: Duration::from_secs(30),
+            compaction_target_size: 8 << 20,
+            compaction_max_size: 16 << 20,
+            compaction_max_streams_per_pass: 16,
+            compaction_gc_grace: Duration::from_secs(300),
             snapshot_part_grace: Duration::from_secs(86_400),
             snapshot_part_sweep_interval: Duration::from_secs(3_600),
         }
@@ -340,6 +371,19 @@ pub enum ColdConfigError {
         "storage.cold.flush_min_hot_size (or flush_size) must not exceed max_hot_size_per_group"
     )]
     FlushAboveHotBound,
+    #[error("storage.cold.flush_max_concurrency must be non-zero")]
+    ZeroFlushConcurrency,
+    #[error(
+        "storage.cold.compaction_interval, compaction_gc_grace, compaction_max_size and \
+         compaction_max_streams_per_pass must be non-zero, and compaction_target_size must not \
+         exceed compaction_max_size"
+    )]
+    Compaction,
+    #[error(
+        "storage.cold.compaction_enabled = true is not supported by this release (cold chunks \
+         are not compacted); remove it or set it to false"
+    )]
+    CompactionUnsupported,
     #[error("invalid storage.cold.root: {0}")]
     InvalidRoot(ColdError),
     #[error("cannot create the cold directory {path}: {source}")]
@@ -419,6 +463,20 @@ impl ColdConfig {
         if self.flush_max_size() == 0 || self.gc_max_entries == 0 {
             return Err(ColdConfigError::ZeroFlushSize);
         }
+        if self.flush_max_concurrency == 0 {
+            return Err(ColdConfigError::ZeroFlushConcurrency);
+        }
+        if self.compaction_interval.is_zero()
+            || self.compaction_gc_grace.is_zero()
+            || self.compaction_max_size == 0
+            || self.compaction_target_size > self.compaction_max_size
+            || self.compaction_max_streams_per_pass == 0
+        {
+            return Err(ColdConfigError::Compaction);
+        }
+        if self.compaction_enabled {
+            return Err(ColdConfigError::CompactionUnsupported);
+        }
         if self.max_hot_size_per_group > 0
             && self.flush_min_hot_size() > self.max_hot_size_per_group
         {
@@ -460,6 +518,23 @@ impl ColdConfig {
                         source,
                     },
                 )?;
+                // Staging files of uploads a crash interrupted, swept now and then hourly,
+                // off the start-up path (the directory may be big). An upload in flight is
+                // seconds old at most; a shared directory's other nodes get an hour.
+                let grace = Duration::from_secs(if self.local.shared { 3_600 } else { 60 });
+                let dir = path.clone();
+                let _ = std::thread::Builder::new()
+                    .name("cold-staging-sweep".into())
+                    .spawn(move || {
+                        loop {
+                            let n = super::staging::sweep(&dir, grace);
+                            if n > 0 {
+                                tracing::info!(removed = n, dir = %dir.display(),
+                                    "deleted staging files of interrupted cold uploads");
+                            }
+                            std::thread::sleep(Duration::from_secs(3_600));
+                        }
+                    });
                 // An object must be on stable storage before the flush that references it is
                 // proposed (its hot bytes are then released): sync the file and its directory.
                 Arc::new(fs.with_fsync(true))
