@@ -191,10 +191,21 @@ fn large_appends_go_to_the_cold_store_and_read_back_exact_everywhere() {
         &r.text()[..80.min(r.text().len())]
     );
 
-    // Deleting the streams lets GC remove their external objects.
-    assert_eq!(s.delete("/extp/f").status, 204);
+    // Deleting the source while the fork lives keeps the objects the fork reads (its pin).
     assert_eq!(s.delete("/extp/a").status, 204);
     assert_eq!(s.delete("/extp/j").status, 204);
+    // The stream deleted last (j) has had its object removed once nothing is queued, so
+    // anything the source's delete had queued would be gone by then too.
+    let settled = || metric(&s, "cold_gc_queued_objects") == 0 && files_below(&external) <= 3;
+    assert!(wait_until(Duration::from_secs(20), settled));
+    assert_eq!(files_below(&external), 3, "GC deleted what the fork reads");
+    let (fork, _) = s.read_all("/extp/f");
+    assert!(
+        fork == fork_want,
+        "the fork differs once its source is deleted"
+    );
+    // Deleting the fork releases the pin, the source goes, and GC removes every object.
+    assert_eq!(s.delete("/extp/f").status, 204);
     assert!(
         wait_until(Duration::from_secs(20), || files_below(&external) == 0),
         "external objects left after the deletes: {}",
