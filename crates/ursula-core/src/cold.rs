@@ -44,8 +44,9 @@ pub struct ChunkRef {
     pub object_len: u64,
 }
 
-/// A stream's flushed bytes: chunk references in offset order, each starting where the
-/// previous one ends; the last one ends where the stream's hot bytes start.
+/// A stream's bytes in the cold tier: chunk references in offset order, never overlapping.
+/// Flushed ones are contiguous and end where the stream's hot bytes start; external payloads
+/// (see [`crate::external`]) may also sit above that, between hot bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColdChunks {
     chunks: VecDeque<ChunkRef>,
@@ -72,8 +73,22 @@ impl ColdChunks {
         self.chunks.is_empty()
     }
 
-    fn push(&mut self, c: ChunkRef) {
-        self.chunks.push_back(c);
+    /// Inserts a reference where its offsets put it (references never overlap).
+    pub(crate) fn push_ref(&mut self, c: ChunkRef) {
+        let at = self.chunks.partition_point(|x| x.start < c.start);
+        self.chunks.insert(at, c);
+    }
+
+    pub(crate) fn partition_point(&self, pred: impl FnMut(&ChunkRef) -> bool) -> usize {
+        self.chunks.partition_point(pred)
+    }
+
+    pub(crate) fn get(&self, i: usize) -> Option<&ChunkRef> {
+        self.chunks.get(i)
+    }
+
+    pub(crate) fn range_from(&self, i: usize) -> impl Iterator<Item = &ChunkRef> {
+        self.chunks.range(i.min(self.chunks.len())..)
     }
 
     /// Drops every reference that ends at or below `keep`, reporting each one's object.
@@ -196,7 +211,10 @@ pub struct FlushCandidate {
 impl StreamState {
     /// The lowest own offset still held, in the cold tier or in memory.
     pub fn held_start(&self) -> u64 {
-        self.cold.start().unwrap_or(self.data_start)
+        // An external payload may be the first reference while hot bytes sit below it.
+        self.cold
+            .start()
+            .map_or(self.data_start, |c| c.min(self.data_start))
     }
 
     /// Hot bytes held in memory.
@@ -210,27 +228,37 @@ impl StreamState {
         if !(self.held_start() <= start && start <= end && end <= self.tail) {
             return false;
         }
+        let mark = out.len();
         let mut at = start;
-        if at < self.data_start {
-            let first = self.cold.chunks.partition_point(|c| c.end <= at);
-            for c in self.cold.chunks.range(first..) {
-                if at >= end.min(self.data_start) {
-                    break;
+        let mut i = self.cold.partition_point(|c| c.end <= at);
+        while at < end {
+            match self.cold.get(i) {
+                Some(c) if c.start <= at => {
+                    let hi = end.min(c.end);
+                    out.push(Piece::Cold {
+                        object: c.object,
+                        pos: c.pos + (at - c.start),
+                        len: hi - at,
+                        object_len: c.object_len,
+                    });
+                    at = hi;
+                    i += 1;
                 }
-                let hi = end.min(c.end);
-                out.push(Piece::Cold {
-                    object: c.object,
-                    pos: c.pos + (at - c.start),
-                    len: hi - at,
-                    object_len: c.object_len,
-                });
-                at = hi;
+                next => {
+                    // Hot bytes up to the next reference (an external payload) or the end.
+                    let hi = end.min(next.map_or(self.tail, |c| c.start));
+                    if at < self.data_start {
+                        out.truncate(mark);
+                        return false; // unreachable: flushed references are contiguous
+                    }
+                    let lo = self.hot_before(at);
+                    let lo = usize::try_from(lo).unwrap_or(usize::MAX);
+                    let n = usize::try_from(hi - at).unwrap_or(usize::MAX);
+                    self.data
+                        .share_into(lo, lo.saturating_add(n), |b| out.push(Piece::Hot(b)));
+                    at = hi;
+                }
             }
-        }
-        if at < end {
-            let lo = usize::try_from(at - self.data_start).unwrap_or(usize::MAX);
-            let hi = usize::try_from(end - self.data_start).unwrap_or(usize::MAX);
-            self.data.share_into(lo, hi, |b| out.push(Piece::Hot(b)));
         }
         true
     }
@@ -249,9 +277,13 @@ impl StreamState {
         if start > self.data_start || end > self.tail || end <= self.data_start {
             return false;
         }
+        let ahead = self.first_ahead();
+        if self.cold.get(ahead).is_some_and(|c| end > c.start) {
+            return false; // would cover an external payload: not what the leader planned
+        }
         let from = self.data_start;
         let n = usize::try_from(end - from).unwrap_or(usize::MAX);
-        self.cold.push(ChunkRef {
+        self.cold.push_ref(ChunkRef {
             start: from,
             end,
             object,
@@ -260,6 +292,7 @@ impl StreamState {
         });
         self.data.drop_front(n);
         self.data_start = end;
+        self.settle_hot_start();
         true
     }
 
@@ -349,17 +382,30 @@ impl crate::group::GroupState {
         let mut out = Vec::new();
         let mut room = max_bytes.max(1);
         for (key, s) in hot {
+            // The runs of hot bytes between external payloads, from the hot start.
+            let mut at = s.data_start;
+            let mut refs = s.cold.range_from(s.first_ahead());
+            while room > 0 && at < s.tail {
+                let next = refs.next();
+                let run_end = next.map_or(s.tail, |c| c.start);
+                let n = (run_end - at).min(room);
+                if n > 0 {
+                    out.push(FlushCandidate {
+                        key: key.clone(),
+                        incarnation: s.incarnation,
+                        start: at,
+                        end: at + n,
+                    });
+                    room -= n;
+                }
+                match next {
+                    Some(c) if n == run_end - at => at = c.end,
+                    _ => break,
+                }
+            }
             if room == 0 {
                 break;
             }
-            let n = s.hot_len().min(room);
-            out.push(FlushCandidate {
-                key: key.clone(),
-                incarnation: s.incarnation,
-                start: s.data_start,
-                end: s.data_start + n,
-            });
-            room -= n;
         }
         out
     }

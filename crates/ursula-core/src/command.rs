@@ -5,6 +5,7 @@
 
 use crate::cold::{FlushReq, ObjectId};
 use crate::error::Rejection;
+use crate::external::{ExternalAppend, ExternalCreate};
 use crate::ids::{Incarnation, StreamKey};
 use crate::snapshot::{ColdSnapshotRef, Digest, Snapshot};
 use bytes::Bytes;
@@ -85,6 +86,10 @@ pub enum Op {
     /// Publish a snapshot whose blob is already a cold object (a single-request publish on a
     /// node with a cold backend, or a committed multi-part upload; snapshot-parts.md §4).
     PublishColdSnapshot(Box<PublishColdSnapshotReq>),
+    /// An append whose body was written to the cold tier first (cluster.md §6.4).
+    AppendExternal(Box<ExternalAppend>),
+    /// A create whose initial body was written to the cold tier first (cluster.md §6.4).
+    CreateExternal(Box<ExternalCreate>),
 }
 
 /// Which streams' live readers a command may concern (see [`Op::affects`]).
@@ -106,6 +111,8 @@ impl Op {
         match self {
             Op::Create(r) => Affects::Stream(&r.key),
             Op::Append(r) => Affects::Stream(&r.key),
+            Op::AppendExternal(r) => Affects::Stream(&r.req.key),
+            Op::CreateExternal(r) => Affects::Stream(&r.req.key),
             Op::PublishSnapshot(r) => Affects::Stream(&r.key),
             Op::PublishColdSnapshot(r) => Affects::Stream(&r.key),
             // A pin may lapse an expired source; an unpin may remove a soft-deleted one (the
@@ -127,7 +134,8 @@ impl Op {
         }
     }
 
-    /// Bytes of payload the command carries (bodies and snapshot blobs), for batching.
+    /// Bytes of payload the command carries (bodies and snapshot blobs), for batching. An
+    /// external payload's bytes are not carried: only its message ends are.
     pub fn payload_len(&self) -> usize {
         match self {
             Op::Append(r) => r.payload.len(),
@@ -140,6 +148,8 @@ impl Op {
                         .map_or(0, |s| s.blob.len())
             }
             Op::PublishSnapshot(r) => r.blob.len(),
+            Op::AppendExternal(r) => r.payload.ends.len() * 8,
+            Op::CreateExternal(r) => r.payload.ends.len() * 8,
             _ => 0,
         }
     }

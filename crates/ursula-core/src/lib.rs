@@ -5,6 +5,7 @@
 //! Module map:
 //! - [`bytelog`]: a stream's hot bytes in fixed-size chunks.
 //! - [`cold`]: chunk references into the cold tier, flushes, object GC, read plans.
+//! - [`external`]: payloads written to the cold tier before they are proposed.
 //! - [`ids`]: bucket and stream IDs, stream keys, group placement, incarnations.
 //! - [`offset`]: the 20-digit offset tokens and their accepted input forms.
 //! - [`content_type`]: normalization, matching, JSON/text detection.
@@ -28,6 +29,7 @@ pub mod command;
 pub mod content_type;
 pub mod encoding;
 pub mod error;
+pub mod external;
 pub mod group;
 pub mod ids;
 pub mod json;

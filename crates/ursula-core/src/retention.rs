@@ -99,14 +99,17 @@ impl StreamState {
     /// below the retained offset. Returns how many hot and index bytes were freed.
     /// Idempotent.
     pub(crate) fn trim(&mut self, released: &mut Vec<ObjectId>) -> u64 {
-        self.trim_cold(self.keep_from(), released);
         let keep = self.keep_from().clamp(self.data_start, self.tail);
-        let drop = usize::try_from(keep - self.data_start).unwrap_or(self.data.len());
+        // Hot bytes below `keep`, counted before the references below it go (external
+        // payloads between hot bytes are not in memory).
+        let drop = usize::try_from(self.hot_before(keep)).unwrap_or(self.data.len());
+        self.trim_cold(self.keep_from(), released);
         let mut freed = 0;
-        if drop > 0 {
+        if keep > self.data_start {
             let drop = drop.min(self.data.len());
             self.data.drop_front(drop);
-            self.data_start += drop as u64;
+            self.data_start = keep;
+            self.settle_hot_start();
             freed = drop as u64;
         }
         // Message ends are not needed below the retained offset: reads, snapshots, forks and

@@ -152,26 +152,28 @@ impl StreamState {
         }
     }
 
-    /// Appends own bytes of `[start, end)` to `out`; the caller guarantees
-    /// `data_start <= start <= end <= tail` (see [`StreamState::holds`]). Outside that: a
-    /// `start` below `data_start` appends nothing, an `end` past the tail is clamped.
+    /// Appends own bytes of `[start, end)` to `out`; the caller guarantees they are hot
+    /// (see [`StreamState::holds`]). Outside that: a `start` below `data_start` appends
+    /// nothing, an `end` past the tail is clamped.
     pub fn copy_own_bytes(&self, start: u64, end: u64, out: &mut Vec<u8>) {
-        let (Some(lo), Some(hi)) = (
-            start.checked_sub(self.data_start),
-            end.checked_sub(self.data_start),
-        ) else {
+        if start < self.data_start || start > end {
             return;
-        };
-        let lo = usize::try_from(lo).unwrap_or(usize::MAX);
-        let hi = usize::try_from(hi).unwrap_or(usize::MAX);
-        if lo <= hi {
-            self.data.copy_into(lo, hi, out);
         }
+        let lo = usize::try_from(self.hot_before(start)).unwrap_or(usize::MAX);
+        let n = usize::try_from(end.min(self.tail) - start).unwrap_or(usize::MAX);
+        self.data.copy_into(lo, lo.saturating_add(n), out);
     }
 
-    /// Whether this stream still holds its own bytes `[start, end)` in memory (hot).
+    /// Whether this stream still holds its own bytes `[start, end)` in memory (hot, with no
+    /// external payload in between).
     pub fn holds(&self, start: u64, end: u64) -> bool {
-        self.data_start <= start && start <= end && end <= self.tail
+        self.data_start <= start
+            && start <= end
+            && end <= self.tail
+            && self
+                .cold
+                .range_from(self.first_ahead())
+                .all(|c| c.end <= start || c.start >= end)
     }
 
     /// Appends canonical bytes and records message ends.

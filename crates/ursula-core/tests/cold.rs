@@ -6,343 +6,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
-use bytes::Bytes;
+mod cold_world;
+
+use cold_world::{NAMES, World, key};
 use proptest::prelude::*;
-use std::collections::{BTreeMap, HashMap};
-use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
-use ursula_core::command::*;
-use ursula_core::snapshot::Digest;
-use ursula_core::{Command, GroupState, Op, Reply, Response, StreamKey};
-
-const OCTET: &str = "application/octet-stream";
-const NAMES: [&str; 3] = ["a", "b", "c"];
-
-struct World {
-    g: GroupState,
-    index: u64,
-    now: u64,
-    /// Everything each live stream (by name) ever had appended, from offset 0.
-    model: HashMap<String, Vec<u8>>,
-    /// The object store: what was uploaded and not yet deleted.
-    store: BTreeMap<ObjectId, Vec<u8>>,
-    /// Objects the GC deleted.
-    deleted: Vec<ObjectId>,
-    next_pin: u64,
-    forks: u64,
-}
-
-impl World {
-    fn new() -> World {
-        World {
-            g: GroupState::new(0),
-            index: 0,
-            now: 1_000_000,
-            model: HashMap::new(),
-            store: BTreeMap::new(),
-            deleted: Vec::new(),
-            next_pin: 1,
-            forks: 0,
-        }
-    }
-
-    fn apply(&mut self, op: Op) -> Response {
-        self.index += 1;
-        self.now += 1;
-        self.g.apply(
-            self.index,
-            &Command {
-                now_ms: self.now,
-                op,
-            },
-        )
-    }
-
-    fn ensure(&mut self, name: &str) {
-        if self.model.contains_key(name) {
-            return;
-        }
-        let r = self.apply(Op::Create(Box::new(CreateReq {
-            content_type: Some(OCTET.into()),
-            ..CreateReq::new(key(name))
-        })));
-        assert!(matches!(r, Ok(Reply::Created(_))), "create {name}: {r:?}");
-        self.model.insert(name.to_owned(), Vec::new());
-    }
-
-    fn append(&mut self, name: &str, len: usize) {
-        if self
-            .g
-            .streams
-            .get(&key(name))
-            .is_some_and(|s| s.soft_deleted)
-        {
-            return; // deleted while a fork still reads it: its path stays taken
-        }
-        self.ensure(name);
-        let m = self.model.get_mut(name).unwrap();
-        let start = m.len();
-        let bytes: Vec<u8> = (start..start + len)
-            .map(|i| (i as u8) ^ name.as_bytes()[0])
-            .collect();
-        m.extend_from_slice(&bytes);
-        let r = self.apply(Op::Append(Box::new(AppendReq {
-            content_type: Some(OCTET.into()),
-            ..AppendReq::new(key(name), Bytes::from(bytes))
-        })));
-        assert!(matches!(r, Ok(Reply::Appended(_))), "append {name}: {r:?}");
-    }
-
-    /// What a leader does: pick ranges, upload their bytes as one object, propose the flush.
-    fn flush(&mut self, max: u64, repeat: bool) {
-        let picked = self.g.flush_candidates(max);
-        if picked.is_empty() {
-            return;
-        }
-        let id = ObjectId(self.g.cold.next_object);
-        let mut object = Vec::new();
-        let mut slices = Vec::new();
-        for c in picked {
-            let s = self.g.streams.get(&c.key).unwrap();
-            let mut plan = Vec::new();
-            assert!(s.plan_own(c.start, c.end, &mut plan));
-            let pos = object.len() as u64;
-            for p in plan {
-                match p {
-                    Piece::Hot(b) => object.extend_from_slice(&b),
-                    Piece::Cold { .. } => panic!("a flush candidate must be hot"),
-                }
-            }
-            slices.push(FlushSlice {
-                key: c.key,
-                incarnation: c.incarnation,
-                start: c.start,
-                end: c.end,
-                pos,
-            });
-        }
-        let req = FlushReq {
-            namespace: 0,
-            object: id,
-            object_len: object.len() as u64,
-            slices,
-        };
-        self.store.insert(id, object);
-        self.apply(Op::ColdFlush(Box::new(req.clone()))).unwrap();
-        if repeat {
-            // A leader that retries the proposal must not double-count.
-            self.apply(Op::ColdFlush(Box::new(req))).unwrap();
-        }
-    }
-
-    fn retain(&mut self, name: &str, frac: u8) {
-        let Some(m) = self.model.get(name) else {
-            return;
-        };
-        let at = m.len() as u64 * u64::from(frac) / 255;
-        let blob = b"state".to_vec();
-        let r = self.apply(Op::PublishSnapshot(Box::new(PublishSnapshotReq {
-            key: key(name),
-            incarnation: None,
-            at: At::Offset(at),
-            digest: Digest::of(OCTET, &blob),
-            content_type: OCTET.into(),
-            snapshot_match: None,
-            blob: Bytes::from(blob),
-        })));
-        if r.is_err() {
-            return; // e.g. an older offset than the visible snapshot
-        }
-        self.apply(Op::Retain {
-            key: key(name),
-            at: At::Offset(at),
-            incarnation: None,
-        })
-        .unwrap();
-    }
-
-    fn delete(&mut self, name: &str) {
-        if self.model.remove(name).is_some() {
-            self.apply(Op::Delete {
-                key: key(name),
-                incarnation: None,
-            })
-            .unwrap();
-        }
-    }
-
-    /// Forks `name` at its tail: the source's bytes `[retained, tail)` stay held while the
-    /// fork lives, whatever its own retention says.
-    fn fork(&mut self, name: &str) {
-        if !self.model.contains_key(name) {
-            return;
-        }
-        self.forks += 1;
-        let fork = format!("f{}", self.forks);
-        let pin_id = self.next_pin;
-        self.next_pin += 1;
-        let pinned = match self.apply(Op::Pin(Box::new(PinReq {
-            source: key(name),
-            fork_key: key(&fork),
-            pin_id,
-            deadline_ms: self.now + 3_600_000,
-            anchor: None,
-            sub: 0,
-            content_type: None,
-        }))) {
-            Ok(Reply::Pinned(p)) => p,
-            other => panic!("pin: {other:?}"),
-        };
-        let r = self.apply(Op::Create(Box::new(CreateReq {
-            fork: Some(ForkCreate {
-                source: key(name),
-                anchor: None,
-                sub: 0,
-                pinned: Some(*pinned),
-            }),
-            ..CreateReq::new(key(&fork))
-        })));
-        assert!(matches!(r, Ok(Reply::Created(_))), "fork: {r:?}");
-    }
-
-    /// Removes the oldest fork, which releases its pin on the source (the outbox item is
-    /// delivered at once, as the server does).
-    fn drop_fork(&mut self) {
-        let Some((fk, _)) = self
-            .g
-            .streams
-            .iter()
-            .filter(|(k, s)| k.stream().starts_with('f') && s.fork.is_some())
-            .min_by_key(|(k, _)| k.stream().to_owned())
-            .map(|(k, s)| (k.clone(), s.clone()))
-        else {
-            return;
-        };
-        self.apply(Op::Delete {
-            key: fk,
-            incarnation: None,
-        })
-        .unwrap();
-        let items: Vec<_> = self.g.outbox.values().cloned().collect();
-        for it in items {
-            self.apply(Op::Unpin {
-                key: it.source,
-                pin_id: it.pin_id,
-            })
-            .unwrap();
-            self.apply(Op::OutboxDone { id: it.id }).unwrap();
-        }
-    }
-
-    /// The leader's GC pass: deletes every queued object, then forgets them.
-    fn gc(&mut self) {
-        let queued: Vec<ObjectId> = self.g.cold.gc.iter().copied().collect();
-        for id in &queued {
-            self.store.remove(id);
-            self.deleted.push(*id);
-        }
-        self.apply(Op::ColdGcDone { objects: queued }).unwrap();
-    }
-
-    /// Reads own bytes `[start, end)` of a stream through its plan and the model store.
-    fn read(&self, k: &StreamKey, start: u64, end: u64) -> Vec<u8> {
-        let s = &self.g.streams[k];
-        let mut plan = Vec::new();
-        assert!(s.plan_own(start, end, &mut plan), "{k:?} [{start},{end})");
-        let mut out = Vec::new();
-        for p in plan {
-            match p {
-                Piece::Hot(b) => out.extend_from_slice(&b),
-                Piece::Cold {
-                    object,
-                    pos,
-                    len,
-                    object_len,
-                } => {
-                    let o = self
-                        .store
-                        .get(&object)
-                        .unwrap_or_else(|| panic!("object {object:?} was deleted but is used"));
-                    assert_eq!(o.len() as u64, object_len, "object length");
-                    out.extend_from_slice(&o[pos as usize..(pos + len) as usize]);
-                }
-            }
-        }
-        assert_eq!(out.len() as u64, end - start);
-        out
-    }
-
-    fn check(&self) {
-        // Every held byte of every source stream reads back exact, in any sub-range too.
-        for (name, m) in &self.model {
-            let k = key(name);
-            let s = &self.g.streams[&k];
-            let lo = s.held_start();
-            assert!(lo <= s.keep_from(), "{name}: dropped bytes it must keep");
-            assert_eq!(s.tail, m.len() as u64);
-            assert_eq!(
-                self.read(&k, lo, s.tail),
-                m[lo as usize..],
-                "{name}: bytes differ"
-            );
-            let mid = lo + (s.tail - lo) / 3;
-            assert_eq!(
-                self.read(&k, mid, s.tail - (s.tail - mid) / 2).len() as u64,
-                {
-                    let e = s.tail - (s.tail - mid) / 2;
-                    e - mid
-                }
-            );
-        }
-        // Forks' inherited bytes are still held by their sources (pins protect them).
-        for s in self.g.streams.values() {
-            if let Some(link) = &s.fork
-                && let Some(src) = self.g.streams.get(&link.source)
-            {
-                let floor = s.retained.min(link.point);
-                let mut plan = Vec::new();
-                assert!(src.plan_own(floor.max(src.own_start), link.point, &mut plan));
-            }
-        }
-        // Reference counts are exact; queued objects are used by nobody.
-        let mut refs: BTreeMap<ObjectId, u32> = BTreeMap::new();
-        for s in self.g.streams.values() {
-            assert!(
-                s.cold.iter().all(|c| c.end > s.keep_from()),
-                "a reference below what the stream must keep was not released"
-            );
-            for c in s.cold.iter() {
-                *refs.entry(c.object).or_default() += 1;
-                assert!(!self.g.cold.gc.contains(&c.object));
-            }
-        }
-        let counted: BTreeMap<ObjectId, u32> = self
-            .g
-            .cold
-            .objects
-            .iter()
-            .map(|(id, u)| (*id, u.refs))
-            .collect();
-        assert_eq!(refs, counted, "reference counts");
-        for id in &self.deleted {
-            assert!(
-                !refs.contains_key(id),
-                "deleted object {id:?} is referenced"
-            );
-        }
-        // Every uploaded object is either used, queued, or was deleted (nothing leaks).
-        for id in self.store.keys() {
-            assert!(refs.contains_key(id) || self.g.cold.gc.contains(id));
-        }
-    }
-}
-
-fn key(name: &str) -> StreamKey {
-    StreamKey::new("demo", name)
-}
+use ursula_core::cold::{FlushReq, FlushSlice, ObjectId};
+use ursula_core::{GroupState, Op};
 
 #[derive(Debug, Clone)]
 enum Step {
     Append(usize, usize),
+    External(usize, usize, u8),
     Flush(u64, bool),
     Retain(usize, u8),
     Delete(usize),
@@ -355,6 +29,7 @@ enum Step {
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => (0..NAMES.len(), 1usize..200_000).prop_map(|(s, n)| Step::Append(s, n)),
+        3 => (0..NAMES.len(), 1usize..300_000, 0u8..3).prop_map(|(s, n, k)| Step::External(s, n, k)),
         3 => (1u64..300_000, any::<bool>()).prop_map(|(m, r)| Step::Flush(m, r)),
         2 => (0..NAMES.len(), any::<u8>()).prop_map(|(s, f)| Step::Retain(s, f)),
         1 => (0..NAMES.len()).prop_map(Step::Delete),
@@ -376,6 +51,7 @@ proptest! {
         for st in steps {
             match st {
                 Step::Append(s, n) => w.append(NAMES[s], n),
+                Step::External(s, n, k) => w.append_external(NAMES[s], n, k),
                 Step::Flush(m, r) => w.flush(m, r),
                 Step::Retain(s, f) => w.retain(NAMES[s], f),
                 Step::Delete(s) => w.delete(NAMES[s]),
@@ -537,4 +213,123 @@ fn the_first_flush_sets_the_namespace_and_others_are_ignored() {
     assert_eq!(w.g.streams[&key("a")].hot_len(), 50);
     assert!(!w.g.cold.gc.contains(&ObjectId(1)) && w.g.cold.next_object == 1);
     w.check();
+}
+
+/// A JSON stream with an external payload between hot bytes: record boundaries come from the
+/// command, flushes take only the hot runs around it, retention inside it keeps the whole
+/// reference, and past it releases the object.
+#[test]
+fn json_external_payloads_keep_records_and_flush_around_them() {
+    use bytes::Bytes;
+    use ursula_core::cold::Piece;
+    use ursula_core::command::{AppendReq, At, CreateReq, PublishSnapshotReq};
+    use ursula_core::external::{ExternalAppend, ExternalPayload};
+    use ursula_core::snapshot::Digest;
+    use ursula_core::{Command, Reply};
+    const JSON: &str = "application/json";
+    let mut g = GroupState::new(0);
+    let mut i = 0;
+    let mut apply = |g: &mut GroupState, op: Op| {
+        i += 1;
+        g.apply(
+            i,
+            &Command {
+                now_ms: 1000 + i,
+                op,
+            },
+        )
+    };
+    let k = key("j");
+    let ok = apply(
+        &mut g,
+        Op::Create(Box::new(CreateReq {
+            content_type: Some(JSON.into()),
+            ..CreateReq::new(k.clone())
+        })),
+    );
+    assert!(ok.is_ok());
+    let inline = |body: &'static [u8], n| {
+        Op::Append(Box::new(AppendReq {
+            content_type: Some(JSON.into()),
+            messages: n,
+            ..AppendReq::new(k.clone(), Bytes::from_static(body))
+        }))
+    };
+    let ext = |id: u64, len: u64, ends: Vec<u64>| {
+        Op::AppendExternal(Box::new(ExternalAppend {
+            req: AppendReq {
+                content_type: Some(JSON.into()),
+                messages: ends.len() as u64,
+                ..AppendReq::new(k.clone(), Bytes::new())
+            },
+            payload: ExternalPayload {
+                namespace: 0,
+                object: ObjectId(ObjectId::EXTERNAL_BIT | id),
+                len,
+                object_size: len + 32,
+                ends,
+            },
+        }))
+    };
+    apply(&mut g, inline(b"{\"a\":1}\n", 1)).unwrap(); // [0, 8)
+    apply(&mut g, ext(1, 9, vec![2, 5, 9])).unwrap(); // "1\n22\n333\n" at [8, 17)
+    apply(&mut g, inline(b"4\n", 1)).unwrap(); // [17, 19)
+    // A reference whose message ends do not close the payload is refused, and its object
+    // queued for deletion.
+    let bad = apply(&mut g, ext(2, 9, vec![2, 5]));
+    assert!(bad.is_err());
+    assert!(g.cold.gc.contains(&ObjectId(ObjectId::EXTERNAL_BIT | 2)));
+    let s = &g.streams[&k];
+    assert_eq!((s.tail, s.record_next(), s.hot_len()), (19, 5, 10));
+    assert_eq!(s.ends, vec![8, 10, 13, 17, 19]);
+    // The flush takes the two hot runs, never the external bytes.
+    let c = g.flush_candidates(1 << 20);
+    let runs: Vec<(u64, u64)> = c.iter().map(|c| (c.start, c.end)).collect();
+    assert_eq!(runs, vec![(0, 8), (17, 19)]);
+    // Retention at record 2 (offset 10, inside the external payload).
+    let blob = Bytes::from_static(b"{}");
+    apply(
+        &mut g,
+        Op::PublishSnapshot(Box::new(PublishSnapshotReq {
+            key: k.clone(),
+            incarnation: None,
+            at: At::Record(4),
+            content_type: JSON.into(),
+            digest: Digest::of(JSON, &blob),
+            snapshot_match: None,
+            blob,
+        })),
+    )
+    .unwrap();
+    let r = apply(
+        &mut g,
+        Op::Retain {
+            key: k.clone(),
+            at: At::Record(2),
+            incarnation: None,
+        },
+    );
+    assert!(matches!(r, Ok(Reply::Retained(_))), "{r:?}");
+    let s = &g.streams[&k];
+    assert_eq!((s.hot_len(), s.data_start, s.held_start()), (2, 17, 8));
+    let mut plan = Vec::new();
+    assert!(s.plan_own(10, 19, &mut plan));
+    assert!(
+        matches!(plan[0], Piece::Cold { pos: 2, len: 7, .. }),
+        "{plan:?}"
+    );
+    assert!(matches!(&plan[1], Piece::Hot(b) if &b[..] == b"4\n"));
+    // Retention past it releases the object.
+    apply(
+        &mut g,
+        Op::Retain {
+            key: k.clone(),
+            at: At::Record(4),
+            incarnation: None,
+        },
+    )
+    .unwrap();
+    assert!(g.cold.gc.contains(&ObjectId(ObjectId::EXTERNAL_BIT | 1)));
+    assert!(g.cold.objects.is_empty());
+    assert_eq!(g.streams[&k].record_next(), 5);
 }

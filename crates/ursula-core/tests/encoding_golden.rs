@@ -16,6 +16,7 @@ use proptest::prelude::*;
 use std::path::PathBuf;
 use ursula_core::cold::{FlushReq, FlushSlice, ObjectId};
 use ursula_core::command::*;
+use ursula_core::external::{ExternalAppend, ExternalCreate, ExternalPayload};
 use ursula_core::snapshot::{Digest, Snapshot};
 use ursula_core::{Command, GroupState, Incarnation, Op, Schema, StreamKey};
 
@@ -73,15 +74,18 @@ fn variant(op: &Op) -> usize {
         Op::ColdFlush(_) => 15,
         Op::ColdGcDone { .. } => 16,
         Op::PublishColdSnapshot(_) => 17,
+        Op::AppendExternal(_) => 18,
+        Op::CreateExternal(_) => 19,
     }
 }
-const VARIANTS: usize = 18;
+const VARIANTS: usize = 20;
 
 /// How many variants (the first ones) each schema has.
 fn variants_in(schema: Schema) -> usize {
     match schema {
         Schema::V1 => 15,
         Schema::V2 => 18,
+        Schema::V3 => 20,
     }
 }
 
@@ -91,6 +95,16 @@ fn samples_of(schema: Schema) -> Vec<Command> {
         .into_iter()
         .filter(|c| variant(&c.op) < variants_in(schema))
         .collect()
+}
+
+fn external() -> ExternalPayload {
+    ExternalPayload {
+        namespace: 0x0123_4567_89ab_cdef,
+        object: ObjectId(ObjectId::EXTERNAL_BIT | 0x55),
+        len: 2 << 20,
+        object_size: (2 << 20) + 96,
+        ends: vec![1 << 20, 2 << 20],
+    }
 }
 
 /// One command of every variant, every optional field set.
@@ -221,6 +235,31 @@ fn samples() -> Vec<Command> {
                 key: "snapshots/golden/s/x.snap".into(),
                 len: 1 << 30,
             },
+        })),
+        Op::AppendExternal(Box::new(ExternalAppend {
+            req: AppendReq {
+                content_type: Some("application/json".into()),
+                close: true,
+                stream_seq: Some("b".into()),
+                producer: Some(producer()),
+                incarnation: Some(inc()),
+                record_match: Some(4),
+                messages: 2,
+                ..AppendReq::new(key(), Bytes::new())
+            },
+            payload: external(),
+        })),
+        Op::CreateExternal(Box::new(ExternalCreate {
+            req: CreateReq {
+                content_type: Some("application/json".into()),
+                closed: true,
+                lifetime: lifetime(),
+                stream_seq: Some("a".into()),
+                producer: Some(producer()),
+                messages: 2,
+                ..CreateReq::new(key())
+            },
+            payload: external(),
         })),
     ];
     ops.into_iter()

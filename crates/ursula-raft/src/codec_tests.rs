@@ -147,7 +147,7 @@ fn cmd_bytes(c: &Command) -> Vec<u8> {
 }
 
 #[test]
-fn entries_are_written_in_format_2_and_format_1_still_reads() {
+fn entries_are_written_in_format_3_and_formats_1_and_2_still_read() {
     let cmds = vec![
         Command {
             now_ms: 5,
@@ -161,10 +161,16 @@ fn entries_are_written_in_format_2_and_format_1_still_reads() {
         },
     ];
     let enc = encode_entry(&normal(lid(3, 17), cmds.clone())).unwrap();
-    assert_eq!(enc[0], 0x82, "version byte");
+    assert_eq!(enc[0], 0x83, "version byte");
     assert_eq!(enc[1], PAYLOAD_NORMAL);
-    // Format 2 is format 1 with the version byte in front (same schema layout today).
+    // Formats 2 and 3 are format 1 with the version byte in front (same layout today).
     assert_eq!(&enc[1..], &v1_entry(PAYLOAD_NORMAL, &lid(3, 17), &cmds)[..]);
+    let mut v2 = enc.clone();
+    v2[0] = 0x82;
+    assert!(matches!(
+        decode_entry(&v2).unwrap().payload,
+        EntryPayload::Normal(_)
+    ));
 
     let back = decode_entry(&v1_entry(PAYLOAD_NORMAL, &lid(3, 17), &cmds)).unwrap();
     assert_eq!(back.log_id, lid(3, 17));
@@ -202,7 +208,7 @@ fn golden_layouts_of_the_fixed_records() {
         payload: EntryPayload::Blank,
     })
     .unwrap();
-    let mut want = vec![0x82, 0];
+    let mut want = vec![0x83, 0];
     want.extend_from_slice(&l);
     assert_eq!(e, want);
 }
@@ -211,7 +217,7 @@ fn golden_layouts_of_the_fixed_records() {
 /// hex. openraft's serde layout of `Membership` is part of the entry format: an upgrade that
 /// changed it would fail here (then: a new entry format with a frozen copy of the old layout).
 const MEMBERSHIP_ENTRY_HEX: &str = concat!(
-    "82020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
+    "83020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
     "00000000000000010000000000000001000000000000000e000000000000003132372e302e302e313a34343337"
 );
 
@@ -239,7 +245,7 @@ fn golden_membership_entry() {
 #[test]
 fn unknown_entry_formats_and_tags_are_refused() {
     let enc = encode_entry(&normal(lid(1, 1), vec![])).unwrap();
-    for first in [0x80u8, 0x81, 0x83, 0xff] {
+    for first in [0x80u8, 0x81, 0x84, 0xff] {
         let mut bad = enc.clone();
         bad[0] = first;
         let err = decode_entry(&bad).unwrap_err();
@@ -263,9 +269,15 @@ fn snapshot_formats() {
         applied_commands: 4,
         snapshot_id: "s".into(),
     };
-    let v2 = encode_snapshot_of(&header(SNAPSHOT_FORMAT), &state).unwrap();
-    assert_eq!(&v2[..4], &2u32.to_le_bytes());
-    assert_eq!(decode_snapshot(&v2).unwrap().schema, Schema::V2);
+    let v3 = encode_snapshot_of(&header(SNAPSHOT_FORMAT), &state).unwrap();
+    assert_eq!(&v3[..4], &3u32.to_le_bytes());
+    assert_eq!(decode_snapshot(&v3).unwrap().schema, Schema::V3);
+    // Format 2 (the release before external payloads) has the same layout.
+    let mut v2 = v3.clone();
+    v2[..4].copy_from_slice(&2u32.to_le_bytes());
+    let parts = decode_snapshot(&v2).unwrap();
+    assert_eq!(parts.schema, Schema::V2);
+    assert_eq!(parts.decode_state().unwrap().group, 1);
     // Format 1, as the release before versioning wrote it.
     let mut v1 = bincode::serialize(&header(1)).unwrap();
     // An empty group in schema 1: group, then the lengths of streams, buckets, fenced and
@@ -279,7 +291,7 @@ fn snapshot_formats() {
         encode_snapshot(&header(1), parts.state).is_ok(),
         "kept as it came"
     );
-    for format in [0u32, 3, u32::MAX] {
+    for format in [0u32, 4, u32::MAX] {
         let mut bad = v2.clone();
         bad[..4].copy_from_slice(&format.to_le_bytes());
         let err = decode_snapshot(&bad).unwrap_err();

@@ -54,6 +54,43 @@ pub struct Config {
     pub fsync: bool,
     /// `[storage]`: the cold tier (`[storage.cold]`, docs/configuration.md).
     pub storage: StorageConfig,
+    /// `[runtime]`.
+    pub runtime: RuntimeConfig,
+}
+
+/// `[runtime]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// With a cold backend, append and create bodies of at least this many bytes (after JSON
+    /// normalization) are written to the cold store before they are proposed (cluster.md
+    /// §6.4). Default: 1 MiB.
+    #[serde(deserialize_with = "size")]
+    pub external_payload_min_size: u64,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            external_payload_min_size: 1 << 20,
+        }
+    }
+}
+
+/// A size: a number of bytes, or text with a unit (`512KiB`, `1MiB`).
+fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(n) => Ok(n),
+        Size::Text(s) => {
+            ursula_storage::cold::config::parse_size(&s).map_err(serde::de::Error::custom)
+        }
+    }
 }
 
 /// `[storage]`.
@@ -104,6 +141,7 @@ impl Default for Config {
             allowed_hosts: Vec::new(),
             fsync: true,
             storage: StorageConfig::default(),
+            runtime: RuntimeConfig::default(),
         }
     }
 }
@@ -174,6 +212,11 @@ mod tests {
             cold.storage.cold.backend,
             Some(ursula_storage::cold::Backend::Memory)
         );
+        let rt: Config = toml::from_str("[runtime]\nexternal_payload_min_size = \"2MiB\"\n")
+            .expect("parse runtime");
+        assert_eq!(rt.runtime.external_payload_min_size, 2 << 20);
+        assert_eq!(Config::default().runtime.external_payload_min_size, 1 << 20);
+        assert!(toml::from_str::<Config>("[runtime]\nbogus = 1\n").is_err());
         let s3: Config = toml::from_str("[storage.cold]\nbackend = \"s3\"\n").expect("parse s3");
         assert!(s3.validate().is_err(), "s3 without a bucket");
         assert!(

@@ -4,6 +4,7 @@ mod app;
 mod cold;
 mod cold_read;
 mod config;
+mod external;
 mod flush_pass;
 mod http;
 mod metrics;
@@ -115,6 +116,10 @@ struct ServerArgs {
     /// Endpoint of an S3-compatible store, e.g. http://127.0.0.1:9000 [default: AWS].
     #[arg(long, env = "URSULA_COLD_S3_ENDPOINT")]
     cold_s3_endpoint: Option<String>,
+    /// With a cold backend, bodies of at least this size go to the cold store before they are
+    /// proposed (`runtime.external_payload_min_size`) [default: 1MiB].
+    #[arg(long, env = "URSULA_EXTERNAL_PAYLOAD_MIN_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
+    external_payload_min_size: Option<u64>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -155,6 +160,9 @@ impl ServerArgs {
         }
         if let Some(v) = self.allowed_hosts {
             c.allowed_hosts = v.into_iter().map(|h| h.trim().to_owned()).collect();
+        }
+        if let Some(v) = self.external_payload_min_size {
+            c.runtime.external_payload_min_size = v;
         }
         let cold = &mut c.storage.cold;
         cold.backend = self.cold_backend.or(cold.backend);
@@ -246,6 +254,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     }
     app.spawn_upkeep();
     parts::spawn_sweep(&app);
+    external::spawn_sweep(&app);
     tokio::spawn(fail_stop_on_storage_failure(node.clone()));
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();

@@ -139,10 +139,15 @@ pub struct Tiering {
     hot: Vec<AtomicU64>,
     /// Groups whose orphan probe ran ([`Tiering::probe_orphan`]).
     pub(crate) probed: Vec<AtomicBool>,
+    pub external: crate::external::ExternalMetrics,
 }
 
-/// The key of a group's chunk object (cluster.md §6): one prefix per group namespace.
+/// The key of a group's chunk object (cluster.md §6): one prefix per group namespace. An
+/// external payload's id names its own key ([`crate::external::external_key`]).
 pub fn chunk_key(namespace: u64, group: u32, id: ObjectId) -> Result<ObjectKey, ColdError> {
+    if id.is_external() {
+        return crate::external::external_key(namespace, group, id);
+    }
     ObjectKey::new(format!(
         "chunks/{namespace:016x}/g{group:05}/{:020}.chunk",
         id.0
@@ -196,6 +201,7 @@ impl Tiering {
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             probed: (0..groups).map(|_| AtomicBool::new(false)).collect(),
+            external: Default::default(),
         })
     }
 
@@ -389,7 +395,12 @@ impl Tiering {
     /// Commits a fresh namespace for `group` (an empty flush of id `next`, which is queued
     /// for deletion and so never used); returns the namespace the group now has (another
     /// leader's may have won) and its next id.
-    async fn claim_namespace(&self, app: &Arc<App>, group: u32, next: u64) -> Option<(u64, u64)> {
+    pub(crate) async fn claim_namespace(
+        &self,
+        app: &Arc<App>,
+        group: u32,
+        next: u64,
+    ) -> Option<(u64, u64)> {
         if !self
             .hand_to_gc(app, group, fresh_namespace(), ObjectId(next))
             .await
@@ -511,7 +522,8 @@ impl Tiering {
         }
         let m = &self.metrics;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
+        let mut rows = self.external.rows();
+        rows.extend([
             ("ursula_hot_bytes", "gauge", hot),
             (
                 "ursula_cold_store_healthy",
@@ -584,7 +596,8 @@ impl Tiering {
                 "gauge",
                 self.cache.as_ref().map_or(0, |c| c.weight()),
             ),
-        ]
+        ]);
+        rows
     }
 
     /// Appends the bytes of one cold piece to `out`, checked block by block. A missing
@@ -635,6 +648,11 @@ impl Tiering {
         inc(&self.metrics.cold_reads, 1);
         inc(&self.metrics.cold_read_bytes, len);
         Ok(())
+    }
+
+    /// A conditional create, timed like every store call.
+    pub async fn timed_put(&self, key: &ObjectKey, body: Body) -> Result<(), ColdError> {
+        self.timed(self.store.put_if_absent(key, body)).await
     }
 
     async fn timed<T>(&self, f: impl std::future::Future<Output = T>) -> T {

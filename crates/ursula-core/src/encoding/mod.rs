@@ -9,10 +9,15 @@
 //!
 //! - [`Schema::V1`]: data written by that release (entries without a version byte, snapshot
 //!   format 1). Frozen: `tests/encoding_golden.rs` pins its bytes for every variant.
-//! - [`Schema::V2`]: what this build writes: V1 plus the cold tier's references (a stream's
-//!   chunk references, a group's object bookkeeping) and the cold commands. Commands of V1
-//!   decode as V2 (the new variants come last); group states of V1 decode through the frozen
-//!   types of [`v1`].
+//! - [`Schema::V2`]: V1 plus the cold tier's references (a stream's chunk references, a group's
+//!   object bookkeeping) and the cold commands. Commands of V1 decode as V2 (the new variants
+//!   come last); group states of V1 decode through the frozen types of [`v1`].
+//! - [`Schema::V3`]: what this build writes: V2 plus the external-payload commands
+//!   (`Op::AppendExternal`, `Op::CreateExternal`, cluster.md §6.4). Strictly additive: the new
+//!   variants come last and no existing type changed, so V1 and V2 commands decode as V3 and
+//!   the group state has V2's layout (an external payload is one more chunk reference). The
+//!   number still changes, so that a build before it refuses such entries by their version
+//!   instead of failing on an unknown variant.
 //!
 //! # Adding a field or a variant
 //!
@@ -37,22 +42,25 @@ use serde::{Deserialize, Serialize};
 pub enum Schema {
     /// Written by the release before versioned payloads (commit 2914ec9). Read-only.
     V1 = 1,
-    /// Written by this build.
+    /// Cold-tier references (the release before external payloads). Read-only.
     V2 = 2,
+    /// Written by this build.
+    V3 = 3,
 }
 
 impl Schema {
     /// The schema this build writes.
-    pub const CURRENT: Schema = Schema::V2;
+    pub const CURRENT: Schema = Schema::V3;
 
     /// Every schema this build reads, oldest first.
-    pub const READABLE: [Schema; 2] = [Schema::V1, Schema::V2];
+    pub const READABLE: [Schema; 3] = [Schema::V1, Schema::V2, Schema::V3];
 
     /// The schema numbered `n`, if this build reads it.
     pub fn from_number(n: u32) -> Result<Schema, String> {
         match n {
             1 => Ok(Schema::V1),
             2 => Ok(Schema::V2),
+            3 => Ok(Schema::V3),
             other => Err(format!(
                 "unknown encoding schema {other} (this build reads 1..={})",
                 Schema::CURRENT as u8
@@ -98,8 +106,9 @@ impl Command {
     /// Decodes one command, exactly `bytes`, written in `schema`.
     pub fn decode(schema: Schema, bytes: &[u8]) -> Result<Self, String> {
         match schema {
-            // V2 only added variants after V1's, so V1 commands decode as V2.
-            Schema::V1 | Schema::V2 => decode(bytes),
+            // V2 and V3 only added variants after those before, so older commands decode
+            // as the current ones.
+            Schema::V1 | Schema::V2 | Schema::V3 => decode(bytes),
         }
     }
 }
@@ -131,7 +140,8 @@ impl GroupState {
     pub fn decode(schema: Schema, bytes: &[u8]) -> Result<Self, String> {
         match schema {
             Schema::V1 => decode::<v1::GroupStateV1>(bytes).map(GroupState::from),
-            Schema::V2 => decode(bytes),
+            // V3 changed no type of the group state.
+            Schema::V2 | Schema::V3 => decode(bytes),
         }
     }
 }
@@ -146,11 +156,12 @@ mod tests {
     fn schema_numbers_are_stable() {
         assert_eq!(Schema::V1.number(), 1);
         assert_eq!(Schema::V2.number(), 2);
+        assert_eq!(Schema::V3.number(), 3);
         for s in Schema::READABLE {
             assert_eq!(Schema::from_number(s.number()).unwrap(), s);
         }
         assert!(Schema::from_number(0).is_err());
-        assert!(Schema::from_number(3).is_err());
+        assert!(Schema::from_number(4).is_err());
     }
 
     #[test]

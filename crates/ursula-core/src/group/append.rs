@@ -4,12 +4,19 @@ use super::{GroupState, incarnation_mismatch, not_found, soft_deleted};
 use crate::command::*;
 use crate::content_type;
 use crate::error::{ErrorCode, Rejection};
+use crate::external::{Body, malformed};
 use crate::producer::{self, Check, Receipt};
 
 impl GroupState {
     pub(super) fn append(&mut self, now: u64, req: &AppendReq) -> Response {
+        self.append_body(now, req, Body::Inline(&req.payload))
+    }
+
+    /// An append of `body` (the request's inline payload, or an external payload).
+    pub(crate) fn append_body(&mut self, now: u64, req: &AppendReq, body: Body<'_>) -> Response {
         self.lapse_if_expired(&req.key, now);
         self.check_not_fenced(&req.key)?;
+        let cold = &mut self.cold;
         let s = self.streams.get_mut(&req.key).ok_or_else(not_found)?;
         if s.soft_deleted {
             return Err(soft_deleted());
@@ -19,7 +26,7 @@ impl GroupState {
         {
             return Err(incarnation_mismatch(Some(s.incarnation)));
         }
-        let close_only = req.close && req.payload.is_empty();
+        let close_only = req.close && body.is_empty();
         if let Some(p) = &req.producer
             && let Some(Check::Duplicate {
                 receipt,
@@ -88,13 +95,13 @@ impl GroupState {
                 }));
             }
         }
-        if req.payload.is_empty() && !req.close {
+        if body.is_empty() && !req.close {
             return Err(Rejection::new(
                 ErrorCode::EMPTY_APPEND,
                 "append body is empty",
             ));
         }
-        if !req.payload.is_empty() {
+        if !body.is_empty() {
             let ok = req
                 .content_type
                 .as_deref()
@@ -123,8 +130,13 @@ impl GroupState {
             )
             .with(|f| f.next_offset = Some(tail)));
         }
+        if let Body::External(x) = body
+            && !x.well_formed(s.json)
+        {
+            return Err(malformed());
+        }
         let record_start = s.record_next();
-        s.push(&req.payload);
+        s.push_body(body, cold);
         if let Some(seq) = &req.stream_seq {
             s.stream_seq = Some(seq.clone());
         }
@@ -157,7 +169,7 @@ impl GroupState {
             record_start,
             record_next,
             incarnation: s.incarnation,
-            appended: !req.payload.is_empty(),
+            appended: !body.is_empty(),
         }))
     }
 }

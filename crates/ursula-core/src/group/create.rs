@@ -5,6 +5,7 @@ use super::{GroupState, incarnation_mismatch, not_found};
 use crate::command::*;
 use crate::content_type;
 use crate::error::{ErrorCode, Rejection};
+use crate::external::{Body, malformed};
 use crate::ids::Incarnation;
 use crate::producer::{self, Receipt};
 use crate::stream::{ForkLink, StreamState};
@@ -12,6 +13,17 @@ use std::collections::BTreeMap;
 
 impl GroupState {
     pub(super) fn create(&mut self, log_index: u64, now: u64, req: &CreateReq) -> Response {
+        self.create_body(log_index, now, req, Body::Inline(&req.payload))
+    }
+
+    /// A create with initial `body` (the request's inline payload, or an external payload).
+    pub(crate) fn create_body(
+        &mut self,
+        log_index: u64,
+        now: u64,
+        req: &CreateReq,
+        body: Body<'_>,
+    ) -> Response {
         let bucket = req.key.bucket();
         if self.fenced.contains(bucket) {
             return Err(Rejection::new(
@@ -161,8 +173,13 @@ impl GroupState {
             snapshot_object,
             cold: Default::default(),
         };
+        if let Body::External(x) = body
+            && !x.well_formed(json)
+        {
+            return Err(malformed());
+        }
         let record_start = s.record_next();
-        s.push(&req.payload);
+        s.push_body(body, &mut self.cold);
         if let Some(p) = &req.producer {
             let mut st = None;
             producer::record(

@@ -149,6 +149,8 @@ impl GroupState {
                 self.apply_gc_done(objects);
                 Ok(Reply::Done)
             }
+            Op::AppendExternal(a) => self.append_external(now, a),
+            Op::CreateExternal(c) => self.create_external(log_index, now, c),
         }
     }
 

@@ -117,10 +117,18 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         fork: None,
     };
     let group = app.group_of(&target.key);
-    app.admit_hot(&target.key, cr.producer.as_ref(), cr.payload.len() as u64)?;
+    if fork.is_some() || !crate::external::wanted(app, cr.payload.len()) {
+        app.admit_hot(&target.key, cr.producer.as_ref(), cr.payload.len() as u64)?;
+    }
     let loc = location(app, &parts.uri, hm, target);
     let Some(f) = fork else {
-        return match app.propose(group, Op::Create(Box::new(cr))).await? {
+        let reply = if crate::external::wanted(app, cr.payload.len()) {
+            let payload = std::mem::take(&mut cr.payload);
+            crate::external::create(app, cr, payload, request_json).await?
+        } else {
+            app.propose(group, Op::Create(Box::new(cr))).await?
+        };
+        return match reply {
             Reply::Created(c) => Ok(render::created(&c, &loc)),
             _ => Err(ApiError::new(
                 ErrorCode::INTERNAL_ERROR,
@@ -250,8 +258,12 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         ));
     }
     let bytes = payload.len() as u64;
-    app.admit_hot(&target.key, producer.as_ref(), bytes)?;
-    let op = Op::Append(Box::new(AppendReq {
+    // An external payload adds no hot bytes (cluster.md §6.4).
+    let external = crate::external::wanted(app, payload.len());
+    if !external {
+        app.admit_hot(&target.key, producer.as_ref(), bytes)?;
+    }
+    let mut req = AppendReq {
         key: target.key.clone(),
         content_type: ct,
         close,
@@ -261,13 +273,22 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         record_match,
         payload,
         messages,
-    }));
-    match app.propose(app.group_of(&target.key), op).await? {
+    };
+    let reply = if external {
+        let payload = std::mem::take(&mut req.payload);
+        crate::external::append(app, req, payload, is_json).await?
+    } else {
+        app.propose(app.group_of(&target.key), Op::Append(Box::new(req)))
+            .await?
+    };
+    match reply {
         Reply::Appended(a) => {
             if a.appended && !a.duplicate {
                 inc(&app.metrics.appends, 1);
                 inc(&app.metrics.appended_bytes, bytes);
-                app.note_hot(&target.key, bytes);
+                if !external {
+                    app.note_hot(&target.key, bytes);
+                }
             }
             Ok(render::appended(&a))
         }
