@@ -190,17 +190,18 @@ impl App {
         self.propose(group, op).await.is_ok()
     }
 
-    /// `503 COLD_BACKPRESSURE` when `bytes` more would take the stream's group past its
-    /// bound of hot bytes (cluster.md §6.6). A retry of a producer's accepted append is never
-    /// refused for it (it adds nothing). Always admits on a node without a cold tier.
+    /// Reserves `bytes` in the stream's group's hot count, or answers `503 COLD_BACKPRESSURE`
+    /// when they would take the group past its bound (cluster.md §6.6). A retry of a
+    /// producer's accepted append is never refused for it (it adds nothing). Always admits on
+    /// a node without a cold tier. Keep the reservation (`keep`) once the bytes are written.
     pub fn admit_hot(
         &self,
         key: &StreamKey,
         producer: Option<&ursula_core::command::ProducerHdr>,
         bytes: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<crate::tiering::HotReservation<'_>, ApiError> {
         let Some(t) = &self.tiering else {
-            return Ok(());
+            return Ok(crate::tiering::HotReservation::none());
         };
         let refused = t.admit(self.group_of(key), bytes);
         if refused.is_err()
@@ -212,17 +213,10 @@ impl App {
                     .is_some_and(|st| st.epoch == p.epoch && p.seq <= st.last_seq)
             });
             if retry == Some(true) {
-                return Ok(());
+                return Ok(crate::tiering::HotReservation::none());
             }
         }
         refused
-    }
-
-    /// Counts bytes a write added to its group's hot tier.
-    pub fn note_hot(&self, key: &StreamKey, bytes: u64) {
-        if let Some(t) = &self.tiering {
-            t.note_written(self.group_of(key), bytes);
-        }
     }
 
     /// Background upkeep: lapse expired streams, deliver outboxes, release stale pins.

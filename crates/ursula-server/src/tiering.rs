@@ -181,6 +181,38 @@ pub enum FetchError {
     Failed(ApiError),
 }
 
+/// Hot bytes a write reserved in its group's count ([`Tiering::admit`]).
+#[must_use = "a reservation is given back when dropped"]
+pub struct HotReservation<'a> {
+    counter: Option<&'a AtomicU64>,
+    bytes: u64,
+}
+
+impl HotReservation<'_> {
+    /// Nothing reserved (no cold tier, or a producer's retry that adds nothing).
+    pub fn none() -> Self {
+        HotReservation {
+            counter: None,
+            bytes: 0,
+        }
+    }
+
+    /// The bytes were written: they stay counted until a flush moves them.
+    pub fn keep(mut self) {
+        self.counter = None;
+    }
+}
+
+impl Drop for HotReservation<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.counter {
+            let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                Some(h.saturating_sub(self.bytes))
+            });
+        }
+    }
+}
+
 /// Clears a group's busy flag when a pass ends, however it ends.
 struct Busy<'a>(&'a AtomicBool);
 
@@ -210,24 +242,34 @@ impl Tiering {
         (!flag.swap(true, Ordering::AcqRel)).then_some(Busy(flag))
     }
 
-    /// `503 COLD_BACKPRESSURE` when `incoming` more hot bytes would take the group past
-    /// its bound (cluster.md §6.6).
-    pub fn admit(&self, group: u32, incoming: u64) -> Result<(), ApiError> {
+    /// Reserves `incoming` hot bytes in `group`, or answers `503 COLD_BACKPRESSURE` when they
+    /// would take the group past its bound (cluster.md §6.6; a group holding nothing admits
+    /// any one write). Concurrent writes each see the others' reservations, so together they
+    /// cannot overshoot the bound. The reservation is given back when dropped, unless
+    /// [`HotReservation::keep`] says the bytes were written.
+    pub fn admit(&self, group: u32, incoming: u64) -> Result<HotReservation<'_>, ApiError> {
         let max = self.cfg.max_hot_size_per_group;
-        let Some(counter) = self.hot.get(group as usize).filter(|_| max > 0) else {
-            return Ok(());
+        let Some(counter) = self.hot.get(group as usize) else {
+            return Ok(HotReservation::none());
         };
-        let hot = counter.load(Ordering::Relaxed);
-        if hot.saturating_add(incoming) > max && hot > 0 {
-            inc(&self.metrics.backpressured, 1);
-            return Err(ApiError::new(
-                ErrorCode::COLD_BACKPRESSURE,
-                format!(
-                    "group {group} holds {hot} bytes not yet in the cold tier (bound {max}); retry"
-                ),
-            ));
+        let fits = |hot: u64| max == 0 || hot == 0 || hot.saturating_add(incoming) <= max;
+        match counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |hot| {
+            fits(hot).then(|| hot.saturating_add(incoming))
+        }) {
+            Ok(_) => Ok(HotReservation {
+                counter: Some(counter),
+                bytes: incoming,
+            }),
+            Err(hot) => {
+                inc(&self.metrics.backpressured, 1);
+                Err(ApiError::new(
+                    ErrorCode::COLD_BACKPRESSURE,
+                    format!(
+                        "group {group} holds {hot} bytes not yet in the cold tier (bound {max}); retry"
+                    ),
+                ))
+            }
         }
-        Ok(())
     }
 
     /// The hot bytes `group` held when its last flush pass looked (0 if it never did).
@@ -498,13 +540,6 @@ impl Tiering {
             .await
         {
             inc(&self.metrics.gc_deleted, n);
-        }
-    }
-
-    /// Counts bytes a write added to `group`'s hot tier (for admission).
-    pub fn note_written(&self, group: u32, n: u64) {
-        if let Some(c) = self.hot.get(group as usize) {
-            c.fetch_add(n, Ordering::Relaxed);
         }
     }
 

@@ -59,3 +59,57 @@ fn bodies_in_flight_are_bounded_and_released() {
     assert!(got[..1000].iter().all(|b| *b == 2));
     assert!(got[1000..801_000].iter().all(|b| *b == 1));
 }
+
+/// Concurrent writers to one group each reserve their bytes before proposing, so together
+/// they cannot take the group past its hot bound (`503 COLD_BACKPRESSURE` for the rest).
+#[test]
+fn concurrent_writes_cannot_overshoot_the_hot_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("ursula.toml");
+    // No flush during the test: the bound alone decides.
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nflush_size = \"256KiB\"\nmax_hot_size_per_group = \"512KiB\"\nflush_interval = \"1h\"\n",
+    )
+    .unwrap();
+    let s = Server::start_in_with_args(
+        &dir.path().join("data"),
+        &["--config", cfg.to_str().unwrap(), "--group-count", "1"],
+    );
+    assert_eq!(s.put("/hotb/s", OCTET, b"").status, 201);
+    let addr = s.addr();
+    let accepted: Vec<u64> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..12)
+            .map(|_| {
+                sc.spawn(move || {
+                    let mut ok = 0u64;
+                    for _ in 0..4 {
+                        let r = common::request(
+                            addr,
+                            "POST",
+                            "/hotb/s",
+                            &[("Content-Type", OCTET)],
+                            &[5u8; 48 * 1024],
+                        );
+                        match r.status {
+                            204 => ok += 48 * 1024,
+                            503 => assert_error(&r, 503, "COLD_BACKPRESSURE"),
+                            other => panic!("unexpected {other}: {}", r.text()),
+                        }
+                    }
+                    ok
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let total: u64 = accepted.iter().sum();
+    assert!(total > 0);
+    assert!(
+        total <= 512 * 1024,
+        "accepted {total} bytes past the 512 KiB bound"
+    );
+    let (got, _) = s.read_all("/hotb/s");
+    assert_eq!(got.len() as u64, total);
+    assert!(s.metrics()["hot_bytes"].as_u64().unwrap() <= 512 * 1024);
+}

@@ -5,6 +5,7 @@ use super::path::{self, Target};
 use super::{ApiResult, body, headers as h, render};
 use crate::app::App;
 use crate::metrics::inc;
+use crate::tiering::HotReservation;
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
@@ -117,9 +118,11 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         fork: None,
     };
     let group = app.group_of(&target.key);
-    if fork.is_some() || !crate::external::wanted(app, cr.payload.len()) {
-        app.admit_hot(&target.key, cr.producer.as_ref(), cr.payload.len() as u64)?;
-    }
+    let hot = if fork.is_some() || !crate::external::wanted(app, cr.payload.len()) {
+        app.admit_hot(&target.key, cr.producer.as_ref(), cr.payload.len() as u64)?
+    } else {
+        HotReservation::none()
+    };
     let loc = location(app, &parts.uri, hm, target);
     let Some(f) = fork else {
         let reply = if crate::external::wanted(app, cr.payload.len()) {
@@ -129,7 +132,12 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
             app.propose(group, Op::Create(Box::new(cr))).await?
         };
         return match reply {
-            Reply::Created(c) => Ok(render::created(&c, &loc)),
+            Reply::Created(c) => {
+                if c.created {
+                    hot.keep();
+                }
+                Ok(render::created(&c, &loc))
+            }
             _ => Err(ApiError::new(
                 ErrorCode::INTERNAL_ERROR,
                 "unexpected reply to create",
@@ -203,7 +211,10 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     }
     let res = app.propose(group, Op::Create(Box::new(cr))).await;
     match res {
-        Ok(Reply::Created(c)) if c.created => Ok(render::created(&c, &loc)),
+        Ok(Reply::Created(c)) if c.created => {
+            hot.keep();
+            Ok(render::created(&c, &loc))
+        }
         Ok(Reply::Created(c)) => {
             release(app.clone(), f.source.clone()).await;
             Ok(render::created(&c, &loc))
@@ -260,9 +271,11 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     let bytes = payload.len() as u64;
     // An external payload adds no hot bytes (cluster.md §6.4).
     let external = crate::external::wanted(app, payload.len());
-    if !external {
-        app.admit_hot(&target.key, producer.as_ref(), bytes)?;
-    }
+    let hot = if external {
+        HotReservation::none()
+    } else {
+        app.admit_hot(&target.key, producer.as_ref(), bytes)?
+    };
     let mut req = AppendReq {
         key: target.key.clone(),
         content_type: ct,
@@ -286,9 +299,7 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
             if a.appended && !a.duplicate {
                 inc(&app.metrics.appends, 1);
                 inc(&app.metrics.appended_bytes, bytes);
-                if !external {
-                    app.note_hot(&target.key, bytes);
-                }
+                hot.keep();
             }
             Ok(render::appended(&a))
         }
