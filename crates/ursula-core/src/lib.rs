@@ -17,6 +17,8 @@
 //! - [`stream`]: one stream's state, boundaries and TTL decisions.
 //! - [`snapshot`]: snapshot digests and the publish/delete checks.
 //! - [`retention`]: the retained offset and physical trimming below it.
+//! - [`read`]: what a read may see: stream lookup (lapse, soft delete, fences) and read plans
+//!   across fork chains.
 //! - [`records`]: record-aware reads of JSON streams (parameters, start, window).
 //! - [`group`]: one Raft group's state and `apply`.
 //! - [`encoding`]: the versioned durable encoding of commands and group state.
@@ -34,6 +36,7 @@ pub mod json;
 pub mod offset;
 pub mod parts;
 pub mod producer;
+pub mod read;
 pub mod records;
 pub mod retention;
 pub mod snapshot;

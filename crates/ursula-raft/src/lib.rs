@@ -9,8 +9,8 @@
 //!
 //! [`Node::open`] recovers and starts everything; [`Node::propose`] replicates one
 //! [`ursula_core::Command`] and returns what `GroupState::apply` answered, after the entry is
-//! durable, committed and applied; [`Node::state`] and [`Node::applied`] let readers see the
-//! applied state and wait for changes; an [`ApplyListener`] in the [`NodeConfig`] hears which
+//! durable, committed and applied; [`Node::read`] runs a closure over a group's applied
+//! state (the lock is never handed out) and [`Node::applied`] lets readers wait for changes; an [`ApplyListener`] in the [`NodeConfig`] hears which
 //! streams each applied batch may have changed (live readers wait per stream).
 //!
 //! ## Batching

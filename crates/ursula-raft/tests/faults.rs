@@ -80,7 +80,7 @@ async fn a_failed_wal_sync_is_outcome_unknown_then_storage_unavailable() {
     drop(node);
     // Recovery re-reads the disk: the acknowledged create is there.
     let node = open(config(tmp.path(), &FaultyFs::new(), true, 20_000)).await;
-    let state = node.state(0).read().unwrap().streams.len();
+    let state = node.read(0, |st| st.streams.len());
     assert!(state == 1 || state == 2, "{state}");
     node.shutdown().await;
 }
@@ -99,11 +99,7 @@ async fn a_full_disk_refuses_writes_with_nothing_changed_and_heals_by_itself() {
     .await;
     let err = node.propose(0, create(2)).await.unwrap_err();
     assert!(matches!(err, ProposeError::InsufficientStorage(_)), "{err}");
-    assert_eq!(
-        node.state(0).read().unwrap().streams.len(),
-        1,
-        "nothing changed"
-    );
+    assert_eq!(node.read(0, |st| st.streams.len()), 1, "nothing changed");
     fs.set_full(false);
     wait_for("the disk to count as free again", || !health.disk_full()).await;
     assert!(node.propose(0, create(3)).await.is_ok());

@@ -62,7 +62,7 @@ fn to_version_1(path: &Path) {
 
 fn stream_count(node: &Node) -> usize {
     (0..node.group_count())
-        .map(|g| node.state(g).read().unwrap().streams.len())
+        .map(|g| node.read(g, |st| st.streams.len()))
         .sum()
 }
 

@@ -79,7 +79,7 @@ fn assert_same_state(a: &GroupState, b: &GroupState) {
 
 fn snapshot_states(node: &Node) -> Vec<GroupState> {
     (0..node.group_count())
-        .map(|g| node.state(g).read().unwrap().clone())
+        .map(|g| node.read(g, GroupState::clone))
         .collect()
 }
 
@@ -115,14 +115,13 @@ async fn propose_apply_round_trip() {
             .is_err()
     );
 
-    {
-        let st = node.state(2).read().unwrap();
+    node.read(2, |st| {
         let s = st.streams.get(&key).unwrap();
         assert_eq!(s.data.to_vec(), b"hello");
         assert_eq!(s.tail, 5);
-    }
+    });
     assert!(*applied.borrow_and_update() > before);
-    assert!(node.state(1).read().unwrap().streams.is_empty());
+    assert!(node.read(1, |st| st.streams.is_empty()));
     assert!(matches!(
         node.propose(9, noop()).await,
         Err(ProposeError::NoSuchGroup(9))
@@ -334,14 +333,7 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
     for (a, b) in before.iter().zip(&snapshot_states(&node)) {
         assert_same_state(a, b);
     }
-    let tail = node
-        .state(0)
-        .read()
-        .unwrap()
-        .streams
-        .get(&key)
-        .unwrap()
-        .tail;
+    let tail = node.read(0, |st| st.streams.get(&key).unwrap().tail);
     assert_eq!(tail, written);
     node.propose(0, append(&key, b"after"))
         .await
@@ -496,11 +488,8 @@ async fn repeated_crashes_and_restarts_with_snapshots() {
             }
         }
         for g in 0..groups {
-            let st = node.state(g).read().unwrap();
-            assert_eq!(
-                st.streams.get(&keys[g as usize]).unwrap().tail,
-                expected[g as usize]
-            );
+            let tail = node.read(g, |st| st.streams.get(&keys[g as usize]).unwrap().tail);
+            assert_eq!(tail, expected[g as usize]);
         }
         previous = Some(snapshot_states(&node));
         if round % 2 == 0 {

@@ -24,6 +24,8 @@ pub struct App {
     pub tiering: Option<Arc<crate::tiering::Tiering>>,
     /// Staged snapshot parts and running commits (snapshot-parts.md §8, §10).
     pub parts: crate::parts::Registry,
+    /// Request body bytes held by requests in flight (`http_inflight_body_size`).
+    pub body_budget: crate::http::budget::BodyBudget,
 }
 
 impl App {
@@ -34,6 +36,7 @@ impl App {
         tiering: Option<Arc<crate::tiering::Tiering>>,
     ) -> Arc<Self> {
         let groups = node.group_count();
+        let body_budget = crate::http::budget::BodyBudget::new(cfg.http_inflight_body_size);
         Arc::new(App {
             node,
             cfg,
@@ -45,6 +48,7 @@ impl App {
             watchers,
             tiering,
             parts: Default::default(),
+            body_budget,
         })
     }
 
@@ -135,15 +139,12 @@ impl App {
 
     /// Reads a stream's state under its group's read lock.
     pub fn with_stream<R>(&self, key: &StreamKey, f: impl FnOnce(&StreamState) -> R) -> Option<R> {
-        let g = self.node.state(self.group_of(key));
-        let guard = g.read().unwrap_or_else(|e| e.into_inner());
-        guard.streams.get(key).map(f)
+        self.node
+            .read(self.group_of(key), |g| g.streams.get(key).map(f))
     }
 
     pub fn with_group<R>(&self, group: u32, f: impl FnOnce(&GroupState) -> R) -> R {
-        let g = self.node.state(group);
-        let guard = g.read().unwrap_or_else(|e| e.into_inner());
-        f(&guard)
+        self.node.read(group, f)
     }
 
     /// Delivers pin releases a group owes to fork sources (forks.md §10.1).
@@ -247,7 +248,7 @@ impl App {
                 let expired: Vec<_> = g
                     .streams
                     .iter()
-                    .filter(|(_, s)| !s.soft_deleted && s.expired(now))
+                    .filter(|(_, s)| s.lapse_due(now))
                     .map(|(k, s)| (k.clone(), s.incarnation))
                     .collect();
                 let pins: Vec<_> = g

@@ -21,6 +21,10 @@ pub struct Config {
     pub long_poll_timeout_ms: u64,
     /// Largest request body. Default: 33554432 (32 MiB).
     pub max_request_bytes: u64,
+    /// Request body bytes the HTTP layer holds at once (all requests together); a body that
+    /// does not fit answers `503 INGRESS_BODY_BYTES_LIMIT_REACHED` (a single body larger
+    /// than the budget is let through alone). `0` = unlimited. Default: 268435456 (256 MiB).
+    pub http_inflight_body_size: u64,
     /// Largest catch-up response body. Default: 33554432 (32 MiB).
     pub max_read_bytes: u64,
     /// Live readers (long-polls + SSE responses) a node holds before answering
@@ -125,6 +129,7 @@ impl Default for Config {
             long_poll_timeout_ms: 1000,
             max_request_bytes: 32 * 1024 * 1024,
             max_read_bytes: 32 * 1024 * 1024,
+            http_inflight_body_size: 256 * 1024 * 1024,
             live_read_max_waiters: 65_536,
             write_stall_timeout_ms: 30_000,
             sse_batch_bytes: 1024 * 1024,

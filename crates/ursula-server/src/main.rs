@@ -85,6 +85,9 @@ struct ServerArgs {
     /// Largest request body in bytes [default: 33554432].
     #[arg(long, env = "URSULA_MAX_REQUEST_BYTES")]
     max_request_bytes: Option<u64>,
+    /// Request body bytes held at once by all requests (0 = unlimited) [default: 268435456].
+    #[arg(long, env = "URSULA_HTTP_INFLIGHT_BODY_SIZE")]
+    http_inflight_body_size: Option<u64>,
     /// Raft log entries between state-machine snapshots [default: 20000].
     #[arg(long, env = "URSULA_SNAPSHOT_LOGS")]
     snapshot_logs: Option<u64>,
@@ -145,6 +148,9 @@ impl ServerArgs {
         }
         if let Some(v) = self.max_request_bytes {
             c.max_request_bytes = v;
+        }
+        if let Some(v) = self.http_inflight_body_size {
+            c.http_inflight_body_size = v;
         }
         if let Some(v) = self.snapshot_logs {
             c.snapshot_logs = v;

@@ -467,6 +467,22 @@ fn the_cold_tier_works_on_a_real_s3_server() {
 /// An object left by a flush that uploaded but never committed (a crash between the two) is
 /// found by the next flush of its group, queued for deletion and deleted; the flush goes on
 /// with the next id.
+/// The highest id among the `{id:020}.chunk` objects in `dir`.
+fn last_chunk_id(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".chunk")?
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap()
+}
+
 #[test]
 fn an_orphan_object_from_an_interrupted_flush_is_deleted() {
     let tmp = tempfile::tempdir().unwrap();
@@ -504,18 +520,7 @@ fn an_orphan_object_from_an_interrupted_flush_is_deleted() {
         .unwrap()
         .path();
     let dir = ns.join("g00000");
-    let last: u64 = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_suffix(".chunk")?
-                .parse()
-                .ok()
-        })
-        .max()
-        .unwrap();
+    let last = last_chunk_id(&dir);
     let orphan = dir.join(format!("{:020}.chunk", last + 1));
     std::fs::write(&orphan, b"left by a crashed flush").unwrap();
     write(6, &mut want);
@@ -533,18 +538,7 @@ fn an_orphan_object_from_an_interrupted_flush_is_deleted() {
     // interrupted local upload left behind is swept too.
     let mut s = s;
     s.terminate();
-    let last: u64 = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_suffix(".chunk")?
-                .parse()
-                .ok()
-        })
-        .max()
-        .unwrap();
+    let last = last_chunk_id(&dir);
     let orphan = dir.join(format!("{:020}.chunk", last + 1));
     std::fs::write(&orphan, b"left by a crashed flush").unwrap();
     let staging = dir.join(format!("{:020}.chunk#4711", last + 2));

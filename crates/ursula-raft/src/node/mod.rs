@@ -276,13 +276,19 @@ impl Node {
         })
     }
 
-    /// The state of `group`, as last applied. Readers take the read lock; only the group's state
-    /// machine writes.
+    /// Runs `f` on the applied state of `group` under a short read lock, the only access
+    /// readers get: the lock itself is never handed out, so no caller can hold it across an
+    /// await or write through it. Keep `f` short (copy out what the answer needs; hot bytes
+    /// are shared `Bytes`, not copies).
     ///
     /// # Panics
     /// If `group >= self.group_count()`.
-    pub fn state(&self, group: u32) -> &Arc<RwLock<GroupState>> {
-        &self.groups[group as usize].state
+    pub fn read<R>(&self, group: u32, f: impl FnOnce(&GroupState) -> R) -> R {
+        let guard = self.groups[group as usize]
+            .state
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        f(&guard)
     }
 
     /// The last applied log index of `group`; changes after every applied batch.

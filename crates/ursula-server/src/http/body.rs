@@ -1,5 +1,6 @@
 //! Reading request bodies within the size limit and the body timeout.
 
+use super::budget::Charge;
 use super::error::ApiError;
 use crate::app::App;
 use axum::body::Body;
@@ -26,32 +27,35 @@ fn too_large(limit: u64) -> ApiError {
 /// A large body that arrived in one frame is returned as a slice of the connection's read
 /// buffer, which it keeps alive: fine for bytes that are copied on (appends). A body the
 /// state keeps as it is must use [`read_owned`].
-pub async fn read(
-    app: &App,
+/// The bytes are charged to the node's in-flight body budget (`503
+/// INGRESS_BODY_BYTES_LIMIT_REACHED` when they do not fit) until the returned [`Charge`] is
+/// dropped: keep it until the request is answered.
+pub async fn read<'a>(
+    app: &'a App,
     headers: &HeaderMap,
     body: Body,
     limit: u64,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, Charge<'a>), ApiError> {
     read_copying_below(app, headers, body, limit, COPY_BELOW).await
 }
 
 /// [`read`], always into an allocation of the body's own.
-pub async fn read_owned(
-    app: &App,
+pub async fn read_owned<'a>(
+    app: &'a App,
     headers: &HeaderMap,
     body: Body,
     limit: u64,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, Charge<'a>), ApiError> {
     read_copying_below(app, headers, body, limit, usize::MAX).await
 }
 
-async fn read_copying_below(
-    app: &App,
+async fn read_copying_below<'a>(
+    app: &'a App,
     headers: &HeaderMap,
     body: Body,
     limit: u64,
     copy_below: usize,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, Charge<'a>), ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -59,6 +63,9 @@ async fn read_copying_below(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
+    // A declared length is charged before any of the body is read.
+    let mut charge = app.body_budget.charge();
+    charge.grow(declared.unwrap_or(0))?;
     let timeout = Duration::from_millis(app.cfg.body_timeout_ms);
     let collect = async {
         let mut body = body;
@@ -81,6 +88,9 @@ async fn read_copying_below(
             if total > limit {
                 return Err(too_large(limit));
             }
+            if total > charge.bytes() {
+                charge.grow(total - charge.bytes())?;
+            }
             // Keep the common one-chunk body without copying it.
             if buf.is_empty() && single.is_none() {
                 single = Some(data);
@@ -102,16 +112,18 @@ async fn read_copying_below(
     };
     // A small body usually arrived with the head: then one poll reads it, and no timer is
     // registered for the request.
-    let mut collect = std::pin::pin!(collect);
-    let first = std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await;
-    if let Poll::Ready(r) = first {
-        return r;
-    }
-    match tokio::time::timeout(timeout, collect).await {
-        Ok(r) => r,
-        Err(_) => Err(ApiError::new(
-            ErrorCode::REQUEST_TIMEOUT,
-            "request body did not arrive in time",
-        )),
-    }
+    let read = {
+        let mut collect = std::pin::pin!(collect);
+        match std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await {
+            Poll::Ready(r) => r,
+            Poll::Pending => match tokio::time::timeout(timeout, collect).await {
+                Ok(r) => r,
+                Err(_) => Err(ApiError::new(
+                    ErrorCode::REQUEST_TIMEOUT,
+                    "request body did not arrive in time",
+                )),
+            },
+        }
+    };
+    read.map(|bytes| (bytes, charge))
 }

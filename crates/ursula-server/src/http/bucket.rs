@@ -26,10 +26,9 @@ fn exists(app: &App, bucket: &str) -> bool {
     let mut found = bucket == COMPAT_BUCKET;
     let mut fenced = false;
     for g in 0..app.node.group_count() {
-        app.with_group(g, |gs| {
-            fenced |= gs.fenced.contains(bucket);
-            found |= gs.buckets.contains(bucket) || gs.streams.keys().any(|k| k.bucket() == bucket);
-        });
+        let (known, fence) = app.with_group(g, |gs| gs.bucket_facts(bucket));
+        found |= known;
+        fenced |= fence;
     }
     found && !fenced
 }
@@ -122,7 +121,7 @@ pub fn list(app: &Arc<App>, bucket: &str, query: Option<&str>) -> ApiResult {
         app.with_group(g, |gs| {
             for (k, s) in &gs.streams {
                 let id = k.stream();
-                if k.bucket() != bucket || s.soft_deleted || s.expired(now) {
+                if k.bucket() != bucket || !s.visible(now) {
                     continue;
                 }
                 if prefix.as_deref().is_some_and(|p| !id.starts_with(p))

@@ -5,6 +5,7 @@ pub mod body;
 pub mod bootstrap;
 pub mod boundary;
 pub mod bucket;
+pub mod budget;
 pub mod error;
 pub mod headers;
 pub mod host;

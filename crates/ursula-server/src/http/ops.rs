@@ -88,6 +88,11 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
         ("ursula_raft_groups", "gauge", groups),
         ("ursula_live_watched_streams", "gauge", watched),
         (
+            "ursula_http_inflight_body_bytes",
+            "gauge",
+            app.body_budget.used(),
+        ),
+        (
             "ursula_wal_syncs_total",
             "counter",
             app.node.wal_sync_count(),

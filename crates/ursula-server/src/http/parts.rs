@@ -95,7 +95,7 @@ pub async fn stage(app: &Arc<App>, target: &Target, seg: &str, req: Request<Body
             Err(Err(e)) => return Err(e),
             Err(Ok(hit)) => return Ok(staged_limit(v.incarnation, hit)),
         };
-    let blob = body::read_owned(app, hm, body, rules::MAX_PART_BYTES).await?;
+    let (blob, _charge) = body::read_owned(app, hm, body, rules::MAX_PART_BYTES).await?;
     if blob.is_empty() {
         return Err(ApiError::new(
             ErrorCode::INVALID_SNAPSHOT,
@@ -228,7 +228,7 @@ async fn read_manifest(
     body: Body,
     count: usize,
 ) -> Result<Vec<PartId>, ApiError> {
-    let bytes = body::read(app, hm, body, rules::MAX_MANIFEST_BYTES as u64)
+    let (bytes, _charge) = body::read(app, hm, body, rules::MAX_MANIFEST_BYTES as u64)
         .await
         .map_err(|e| match e.code() {
             ErrorCode::PAYLOAD_TOO_LARGE => ApiError::new(

@@ -14,6 +14,7 @@ use ursula_core::cold::Piece;
 use ursula_core::command::{Lifetime, Op};
 use ursula_core::ids::Incarnation;
 use ursula_core::offset::{Off, ReadStart};
+use ursula_core::read as read_plan;
 use ursula_core::snapshot::{Digest, MAX_SNAPSHOT_REQUEST_BYTES};
 use ursula_core::stream::StreamState;
 use ursula_core::{ErrorCode, StreamKey};
@@ -53,82 +54,35 @@ impl View {
     }
 }
 
-/// Looks a stream up for a direct request: `404` when missing or expired, `410` when
-/// soft-deleted (or expired while it still has forks).
+/// Looks a stream up for a direct request (`GroupState::lookup` decides what it may see).
 pub fn view(app: &App, key: &StreamKey, now: u64) -> Result<View, ApiError> {
-    let found = app.with_stream(key, |s| {
-        if s.soft_deleted || (s.expired(now) && !s.pins.is_empty()) {
-            Err(ApiError::new(
-                ErrorCode::STREAM_SOFT_DELETED,
-                "stream was deleted and is kept only for its forks",
-            ))
-        } else if s.expired(now) {
-            Err(ApiError::new(
-                ErrorCode::STREAM_NOT_FOUND,
-                "stream not found",
-            ))
-        } else {
-            Ok(View::of(s, now))
-        }
-    });
-    found.unwrap_or_else(|| {
-        let fenced = app.with_group(app.group_of(key), |g| g.fenced.contains(key.bucket()));
-        Err(if fenced {
-            ApiError::new(ErrorCode::BUCKET_NOT_FOUND, "bucket not found")
-        } else {
-            ApiError::new(ErrorCode::STREAM_NOT_FOUND, "stream not found")
-        })
+    app.with_group(app.group_of(key), |g| {
+        g.lookup(key, now).map(|s| View::of(s, now))
     })
+    .map_err(ApiError::from)
 }
 
 /// Where the bytes `[start, end)` of a stream live, following fork links for inherited
-/// bytes: `(group of the owning stream, piece)` in offset order. Each owning stream's group
-/// lock is taken once, briefly; hot pieces share the stream's memory (no copy).
+/// bytes (`ursula_core::read::plan_chain`): `(group of the owning stream, piece)` in offset
+/// order. Each owning stream's group state is read once, briefly; hot pieces share the
+/// stream's memory (no copy).
 pub fn plan(
     app: &App,
     key: &StreamKey,
     start: u64,
     end: u64,
 ) -> Result<Vec<(u32, Piece)>, ApiError> {
-    let gone = || {
-        ApiError::new(
-            ErrorCode::STREAM_GONE,
-            "inherited history is no longer available",
-        )
-    };
-    // Walk down the fork chain from the newest bytes: each stream owns `[own_start, hi)`.
-    let mut key = key.clone();
-    let mut hi = end;
-    let mut parts: Vec<(u32, Vec<Piece>)> = Vec::new();
-    while start < hi {
-        let group = app.group_of(&key);
-        let step = app.with_stream(&key, |s| {
-            let lo = start.max(s.own_start).min(hi);
-            let mut pieces = Vec::new();
-            // Retention may have trimmed the bytes since the caller looked (never below a
-            // pin).
-            let held = lo == hi || s.plan_own(lo, hi, &mut pieces);
-            held.then(|| (lo, pieces, s.fork.as_ref().map(|l| l.source.clone())))
-        });
-        let (lo, pieces, source) = step.flatten().ok_or_else(gone)?;
-        parts.push((group, pieces));
-        if start < lo {
-            key = source.ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    "stream has no bytes below its start",
-                )
-            })?;
-            hi = lo;
-        } else {
-            break;
-        }
-    }
-    Ok(parts
-        .into_iter()
-        .rev()
-        .flat_map(|(g, pieces)| pieces.into_iter().map(move |p| (g, p)))
-        .collect())
+    Ok(read_plan::plan_chain(
+        key,
+        start,
+        end,
+        |k, incarnation, lo, hi| {
+            let group = app.group_of(k);
+            app.with_stream(k, |s| s.plan_step(incarnation, lo, hi))
+                .flatten()
+                .map(|step| (group, step))
+        },
+    )?)
 }
 
 /// Copies the bytes `[start, end)` of a stream into `out`, fetching cold pieces from the

@@ -167,7 +167,7 @@ async fn publish(
     let snapshot_match = snapshot_match(hm)?;
     let incarnation = h::incarnation(hm)?;
     // The stream keeps the blob as it is: it must not pin a connection's read buffer.
-    let blob = body::read_owned(app, hm, body, MAX_SNAPSHOT_REQUEST_BYTES).await?;
+    let (blob, _charge) = body::read_owned(app, hm, body, MAX_SNAPSHOT_REQUEST_BYTES).await?;
     let digest = digest_of(content_type.clone(), blob.clone()).await?;
     if let (Some(t), false) = (&app.tiering, blob.is_empty()) {
         // On a node with a cold backend the blob is a cold object (extensions.md §6).

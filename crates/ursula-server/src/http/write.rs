@@ -96,7 +96,7 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     let incarnation = h::incarnation(hm)?;
     let fork = fork_headers(hm, target)?;
     let ct = h::content_type(hm)?;
-    let body = body::read(app, hm, body, app.cfg.max_request_bytes).await?;
+    let (body, _charge) = body::read(app, hm, body, app.cfg.max_request_bytes).await?;
     // The stream's content type is known now unless a fork inherits it.
     let request_json = ct.as_deref().is_some_and(content_type::is_json);
     let (payload, messages) = if fork.is_none() || ct.is_some() {
@@ -241,7 +241,7 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     let close = h::closed(hm);
     let stream_seq = h::stream_seq(hm)?;
     let ct = h::content_type(hm)?;
-    let body = body::read(app, hm, body, app.cfg.max_request_bytes).await?;
+    let (body, _charge) = body::read(app, hm, body, app.cfg.max_request_bytes).await?;
     if !body.is_empty() && ct.is_none() {
         return Err(ApiError::new(
             ErrorCode::MISSING_CONTENT_TYPE,
