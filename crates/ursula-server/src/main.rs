@@ -5,7 +5,6 @@ mod cold;
 mod cold_read;
 mod config;
 mod external;
-mod flush_pass;
 mod http;
 mod metrics;
 mod parse_errors;

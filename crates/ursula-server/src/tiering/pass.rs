@@ -4,8 +4,8 @@
 //! `flush_pressure_hot_size`, the groups holding the most flush whatever they hold. A group
 //! first led by this process is probed once for an orphan at its next object id.
 
+use super::Tiering;
 use crate::app::App;
-use crate::tiering::Tiering;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

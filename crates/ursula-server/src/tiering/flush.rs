@@ -1,0 +1,239 @@
+//! The flush (cluster.md §6.2): a group's hot bytes packed into one chunk object, uploaded
+//! with a conditional create, then published by a replicated `ColdFlush`; and the ways an
+//! object that was uploaded but never published is handed to GC.
+
+use super::{Tiering, chunk_key, fresh_namespace};
+use crate::app::App;
+use crate::metrics::inc;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
+use ursula_core::command::Op;
+use ursula_storage::chunk_object;
+use ursula_storage::cold::{Body, ColdError};
+impl Tiering {
+    /// One flush of `group`, when it holds enough hot bytes: plan under the read lock, pack
+    /// and upload outside it, then publish with a replicated command. Returns the bytes
+    /// moved.
+    pub async fn flush_group(&self, app: &Arc<App>, group: u32, force: bool) -> u64 {
+        // Leader-only work (cluster.md §6.2): a follower applies the leader's flushes.
+        if !app.node.leads(group) {
+            return 0;
+        }
+        let Some(_busy) = self.claim(group) else {
+            return 0;
+        };
+        let min = if force {
+            1
+        } else {
+            self.cfg.flush_min_hot_size
+        };
+        let planned = app.with_group(group, |g| {
+            let hot = g.hot_bytes();
+            if let Some(c) = self.hot.get(group as usize) {
+                c.store(hot, Ordering::Relaxed);
+            }
+            if hot < min {
+                return None;
+            }
+            let picked = g.flush_candidates(self.cfg.flush_max_size);
+            let mut pieces = Vec::with_capacity(picked.len());
+            for c in &picked {
+                let mut p = Vec::new();
+                let held = g
+                    .streams
+                    .get(&c.key)
+                    .is_some_and(|s| s.plan_own(c.start, c.end, &mut p));
+                if !held {
+                    return None;
+                }
+                pieces.push(p);
+            }
+            Some((g.cold.next_object, g.cold.namespace, picked, pieces))
+        });
+        let Some((mut next, namespace, picked, pieces)) = planned else {
+            return 0;
+        };
+        // The namespace is committed before any object is written under it, so every object
+        // this group uploads is under a namespace its state knows: an upload whose flush
+        // never committed is found again at the group's next id (below), never lost.
+        let namespace = if namespace == 0 {
+            let Some((ns, n)) = self.claim_namespace(app, group, next).await else {
+                return 0;
+            };
+            next = n;
+            ns
+        } else {
+            namespace
+        };
+        let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
+        let mut body = chunk_object::ChunkWriter::new(total);
+        let mut slices = Vec::with_capacity(picked.len());
+        for (c, plan) in picked.into_iter().zip(pieces) {
+            let pos = body.written();
+            for p in plan {
+                if let Piece::Hot(b) = p {
+                    body.write(&b);
+                }
+            }
+            slices.push(FlushSlice {
+                key: c.key,
+                incarnation: c.incarnation,
+                start: c.start,
+                end: c.end,
+                pos,
+            });
+        }
+        let Some(object) = body.finish() else {
+            tracing::error!(group, "flush object length mismatch");
+            return 0;
+        };
+        let object = Bytes::from(object);
+        // An id another (crashed) attempt already used is skipped: objects are immutable.
+        let mut uploaded = None;
+        for _ in 0..16 {
+            let id = ObjectId(next);
+            let Ok(key) = chunk_key(namespace, group, id) else {
+                return 0;
+            };
+            match self
+                .timed(self.store.put_if_absent(&key, Body::from(object.clone())))
+                .await
+            {
+                Ok(()) => {
+                    uploaded = Some(id);
+                    break;
+                }
+                Err(ColdError::AlreadyExists { .. }) => {
+                    // Left by an attempt that uploaded but never committed: hand it to GC,
+                    // then take the next id.
+                    if !self.hand_to_gc(app, group, namespace, id).await {
+                        return 0;
+                    }
+                    tracing::info!(
+                        group,
+                        object = id.0,
+                        "cold flush found an orphan object; queued it for deletion"
+                    );
+                    next += 1;
+                }
+                Err(e) => {
+                    inc(&self.metrics.flush_errors, 1);
+                    tracing::debug!(group, error = %e, "cold flush upload failed; will retry");
+                    self.health
+                        .set_ops(Some(format!("flush upload failed: {e}")));
+                    return 0;
+                }
+            }
+        }
+        let Some(id) = uploaded else {
+            return 0;
+        };
+        self.health.set_ops(None);
+        let req = FlushReq {
+            namespace,
+            object: id,
+            object_len: total,
+            slices,
+        };
+        match app
+            .propose_upkeep(group, Op::ColdFlush(Box::new(req)))
+            .await
+        {
+            true => {
+                if let Some(c) = self.hot.get(group as usize) {
+                    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| {
+                        Some(h.saturating_sub(total))
+                    });
+                }
+                inc(&self.metrics.flushes, 1);
+                inc(&self.metrics.flushed_bytes, total);
+                tracing::debug!(
+                    group,
+                    object = id.0,
+                    bytes = total,
+                    "flushed to the cold tier"
+                );
+                total
+            }
+            false => {
+                // Not known to be published. Never delete the object here: the command may
+                // still commit (an unknown outcome, a shutdown after the log took it) and then
+                // reference it. If it did not, the next flush finds the object at the group's
+                // next id and hands it to GC through the log, after any such command.
+                inc(&self.metrics.flush_errors, 1);
+                0
+            }
+        }
+    }
+
+    /// Commits a fresh namespace for `group` (an empty flush of id `next`, which is queued
+    /// for deletion and so never used); returns the namespace the group now has (another
+    /// leader's may have won) and its next id.
+    pub(crate) async fn claim_namespace(
+        &self,
+        app: &Arc<App>,
+        group: u32,
+        next: u64,
+    ) -> Option<(u64, u64)> {
+        if !self
+            .hand_to_gc(app, group, fresh_namespace(), ObjectId(next))
+            .await
+        {
+            return None;
+        }
+        Some(app.with_group(group, |g| (g.cold.namespace, g.cold.next_object)))
+    }
+
+    /// Hands object `id` to GC through the log: an empty flush of it (cold.rs
+    /// `apply_flush`), which also sets the group's namespace if it has none.
+    async fn hand_to_gc(&self, app: &Arc<App>, group: u32, namespace: u64, id: ObjectId) -> bool {
+        let orphan = FlushReq {
+            namespace,
+            object: id,
+            object_len: 0,
+            slices: Vec::new(),
+        };
+        app.propose_upkeep(group, Op::ColdFlush(Box::new(orphan)))
+            .await
+    }
+
+    /// Once per leadership of this process: an object already stored at `group`'s next id
+    /// was uploaded by a flush that never committed (a crash between upload and commit); a
+    /// group that gets no new writes would never find it by flushing, so look once.
+    /// Returns whether the probe ran to the end (else try again later).
+    pub async fn probe_orphan(&self, app: &Arc<App>, group: u32) -> bool {
+        if !app.node.leads(group) {
+            return false;
+        }
+        let Some(_busy) = self.claim(group) else {
+            return false;
+        };
+        let (namespace, next) = app.with_group(group, |g| (g.cold.namespace, g.cold.next_object));
+        if namespace == 0 {
+            return true;
+        }
+        let Ok(key) = chunk_key(namespace, group, ObjectId(next)) else {
+            return true;
+        };
+        match self.timed(self.store.head(&key)).await {
+            Ok(_) => {
+                let queued = self.hand_to_gc(app, group, namespace, ObjectId(next)).await;
+                if queued {
+                    tracing::info!(
+                        group,
+                        object = next,
+                        "queued an orphan cold object for deletion"
+                    );
+                }
+                queued
+            }
+            Err(ColdError::NotFound { .. }) => true,
+            Err(e) => {
+                tracing::debug!(group, error = %e, "orphan probe failed; will retry");
+                false
+            }
+        }
+    }
+}
