@@ -20,6 +20,7 @@ fn config(dir: &Path) -> NodeConfig {
             ..Default::default()
         },
         snapshot_logs: 20_000,
+        snapshot_min_log_bytes: 64 << 20,
         listener: None,
     }
 }

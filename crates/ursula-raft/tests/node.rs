@@ -22,6 +22,7 @@ fn config(dir: &Path, groups: u32, fsync: bool) -> NodeConfig {
             ..Default::default()
         },
         snapshot_logs: 20_000,
+        snapshot_min_log_bytes: 64 << 20,
         listener: None,
     }
 }
@@ -281,6 +282,7 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
             ..Default::default()
         },
         snapshot_logs: 20,
+        snapshot_min_log_bytes: 64 << 20,
         listener: None,
     };
     let node = open(cfg.clone()).await;
@@ -437,6 +439,7 @@ async fn repeated_crashes_and_restarts_with_snapshots() {
             ..Default::default()
         },
         snapshot_logs: 10,
+        snapshot_min_log_bytes: 64 << 20,
         listener: None,
     };
     let keys: Vec<_> = (0..groups).map(|g| key_in_group(g, groups, 5)).collect();

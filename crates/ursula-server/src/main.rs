@@ -216,6 +216,13 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             ..Default::default()
         },
         snapshot_logs: cfg.snapshot_logs,
+        // With a cold tier a group's snapshot is its hot tail and metadata: snapshot (and so
+        // release the log entries of flushed bytes) once the log holds a few flushes' worth.
+        snapshot_min_log_bytes: if cold_store.is_some() {
+            (2 * cfg.storage.cold.flush_max_size()).max(16 << 20)
+        } else {
+            64 << 20
+        },
         listener: Some(watchers.clone()),
     })
     .await

@@ -45,8 +45,6 @@ const MAX_INFLIGHT_BATCHES: usize = 1;
 const QUEUE_CAPACITY: usize = 16 * 1024;
 /// How often upkeep (segment GC, snapshot triggers) runs, besides right after a purge.
 const UPKEEP_INTERVAL: Duration = Duration::from_millis(500);
-/// A group whose retained log exceeds max(this, its last snapshot's size) is snapshotted.
-const SNAPSHOT_MIN_LOG_BYTES: u64 = 64 << 20;
 /// Upkeep triggers at most one snapshot per group per this interval.
 const SNAPSHOT_TRIGGER_BACKOFF: Duration = Duration::from_secs(1);
 /// How long `shutdown` waits for queued proposals to drain.
@@ -66,6 +64,12 @@ pub struct NodeConfig {
     /// A group snapshots (and then purges its log) once this many entries were applied since
     /// its last snapshot.
     pub snapshot_logs: u64,
+    /// A group whose retained log holds more than max(this, its last snapshot's size) bytes
+    /// is snapshotted, which purges its log: this bounds the WAL per group while keeping the
+    /// bytes re-written per byte freed at most one. With a cold tier the snapshot holds only
+    /// the hot tail, so a small value releases the log entries of flushed bytes soon after
+    /// the flush. Default: 64 MiB.
+    pub snapshot_min_log_bytes: u64,
     /// Hears which streams each applied batch may have changed (live readers).
     pub listener: Option<Arc<dyn ApplyListener>>,
 }
@@ -78,6 +82,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("group_count", &self.group_count)
             .field("wal", &self.wal)
             .field("snapshot_logs", &self.snapshot_logs)
+            .field("snapshot_min_log_bytes", &self.snapshot_min_log_bytes)
             .field("listener", &self.listener.is_some())
             .finish()
     }
@@ -92,6 +97,7 @@ impl NodeConfig {
             group_count: 16,
             wal: WalOptions::default(),
             snapshot_logs: 20_000,
+            snapshot_min_log_bytes: 64 << 20,
             listener: None,
         }
     }
@@ -194,6 +200,7 @@ impl Node {
         let upkeep = Upkeep {
             wal: wal.clone(),
             snapshot_logs: cfg.snapshot_logs,
+            snapshot_min_log_bytes: cfg.snapshot_min_log_bytes,
             head,
             groups: groups
                 .iter()

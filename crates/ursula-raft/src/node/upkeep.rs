@@ -7,6 +7,7 @@ use super::*;
 pub(super) struct Upkeep {
     pub(super) wal: Wal,
     pub(super) snapshot_logs: u64,
+    pub(super) snapshot_min_log_bytes: u64,
     pub(super) head: Arc<AtomicU64>,
     pub(super) groups: Vec<(Raft, Arc<GroupLog>, Arc<SnapshotStore>)>,
     pub(super) purged: Arc<Notify>,
@@ -124,7 +125,7 @@ impl Upkeep {
             if triggered {
                 break;
             }
-            if log.retained_bytes() > SNAPSHOT_MIN_LOG_BYTES.max(snapshots.bytes()) {
+            if log.retained_bytes() > self.snapshot_min_log_bytes.max(snapshots.bytes()) {
                 triggered = self
                     .maybe_snapshot(i, last_trigger, "its log is large")
                     .await;
