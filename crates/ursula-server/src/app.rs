@@ -190,6 +190,16 @@ impl App {
         self.propose(group, op).await.is_ok()
     }
 
+    /// The body limit of a single-request snapshot publish: 128 MiB, or the body budget when
+    /// that is smaller, since a larger body could never be admitted (extensions.md §6.2).
+    pub fn snapshot_request_limit(&self) -> u64 {
+        let max = ursula_core::snapshot::MAX_SNAPSHOT_REQUEST_BYTES;
+        match self.body_budget.limit() {
+            0 => max,
+            b => max.min(b),
+        }
+    }
+
     /// Reserves `bytes` in the stream's group's hot count, or answers `503 COLD_BACKPRESSURE`
     /// when they would take the group past its bound (cluster.md §6.6). A retry of a
     /// producer's accepted append is never refused for it (it adds nothing). Always admits on

@@ -190,6 +190,24 @@ impl Config {
         }
         // A node has no peers yet, so `local` is the default cold backend (OQ-107).
         self.storage.cold.validate(false)?;
+        let budget = self.http_inflight_body_size;
+        if budget > 0 {
+            anyhow::ensure!(
+                budget >= self.max_request_bytes,
+                "http_inflight_body_size ({budget}) must be 0 (unlimited) or at least \
+                 max_request_bytes ({}): a body at the limit could never be admitted",
+                self.max_request_bytes
+            );
+            let cold = !matches!(
+                self.storage.cold.backend(false),
+                Ok(ursula_storage::cold::Backend::None)
+            );
+            anyhow::ensure!(
+                !cold || budget >= 64 << 20,
+                "http_inflight_body_size ({budget}) must be at least 64 MiB with a cold backend: \
+                 a snapshot commit's copy needs its 32 MiB charge beside a full 32 MiB request"
+            );
+        }
         Ok(())
     }
 }
@@ -226,6 +244,22 @@ mod tests {
             }
             .validate()
             .is_err()
+        );
+    }
+
+    #[test]
+    fn the_body_budget_must_admit_what_the_limits_allow() {
+        let ok = |toml: &str| toml::from_str::<Config>(toml).expect("parse").validate();
+        assert!(
+            ok("http_inflight_body_size = 0\n").is_ok(),
+            "0 is unlimited"
+        );
+        let e = ok("http_inflight_body_size = 1048576\n").unwrap_err();
+        assert!(e.to_string().contains("max_request_bytes"), "{e}");
+        let e = ok("http_inflight_body_size = 33554432\n").unwrap_err();
+        assert!(e.to_string().contains("64 MiB"), "{e}");
+        assert!(
+            ok("http_inflight_body_size = 33554432\n[storage.cold]\nbackend = \"none\"\n").is_ok()
         );
     }
 }

@@ -3,10 +3,10 @@
 //! node's commit slots, and the orphan sweep. The rules live in [`ursula_core::parts`].
 
 use crate::app::App;
+use crate::http::budget::{BodyBudget, Charge};
 use crate::http::error::ApiError;
 use crate::snapshot_store::{self as store, InFlight, cold_failed};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ursula_core::parts::{self as rules, BoundHit, PartId};
@@ -16,10 +16,6 @@ use ursula_storage::cold::{ColdStore, ObjectInfo};
 
 /// Bytes of frame around a part's body.
 pub const FRAME_LEN: u64 = (HEADER_LEN + FOOTER_LEN) as u64;
-/// The node's in-flight body budget (`server.http_inflight_body_size`, protocol.md §2.4).
-pub const BODY_BUDGET: u64 = 256 << 20;
-/// Most commits copying at once on a node.
-pub const MAX_COPIES: u64 = 2;
 
 /// One stream's staged parts as the leader counts them.
 #[derive(Debug, Default, Clone)]
@@ -39,7 +35,6 @@ struct Tally {
 pub struct Registry {
     tallies: Mutex<HashMap<StreamKey, Tally>>,
     commits: Mutex<HashSet<StreamKey>>,
-    copy_reserved: AtomicU64,
     pub flights: InFlight,
 }
 
@@ -74,25 +69,19 @@ impl Drop for Upload<'_> {
 pub struct Commit<'a> {
     reg: &'a Registry,
     key: StreamKey,
-    copy: u64,
+    copy: Option<Charge<'a>>,
 }
 
-impl Commit<'_> {
-    /// A14: takes a copy slot, or `503 SNAPSHOT_COMMITS_BUSY`.
-    pub fn admit_copy(&mut self) -> Result<(), ApiError> {
-        let charge = rules::copy_charge(BODY_BUDGET);
-        let taken = self
-            .reg
-            .copy_reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                (r / charge < MAX_COPIES && rules::copy_fits(r, BODY_BUDGET)).then_some(r + charge)
-            });
-        match taken {
-            Ok(_) => {
-                self.copy = charge;
+impl<'a> Commit<'a> {
+    /// A14: takes a copy slot (its charge against the node's body budget), or `503
+    /// SNAPSHOT_COMMITS_BUSY`.
+    pub fn admit_copy(&mut self, budget: &'a BodyBudget) -> Result<(), ApiError> {
+        match budget.reserve_copy() {
+            Some(c) => {
+                self.copy = Some(c);
                 Ok(())
             }
-            Err(_) => Err(ApiError::new(
+            None => Err(ApiError::new(
                 ErrorCode::SNAPSHOT_COMMITS_BUSY,
                 "this node copies as many commits as it can; repeat the commit",
             )),
@@ -102,11 +91,6 @@ impl Commit<'_> {
 
 impl Drop for Commit<'_> {
     fn drop(&mut self) {
-        if self.copy > 0 {
-            self.reg
-                .copy_reserved
-                .fetch_sub(self.copy, Ordering::AcqRel);
-        }
         self.reg
             .commits
             .lock()
@@ -133,7 +117,7 @@ impl Registry {
         Ok(Commit {
             reg: self,
             key: key.clone(),
-            copy: 0,
+            copy: None,
         })
     }
 
@@ -443,6 +427,7 @@ mod tests {
     #[test]
     fn one_commit_per_stream_and_two_copies_per_node() {
         let reg = Registry::default();
+        let budget = BodyBudget::new(256 << 20);
         let (a, b, c) = (
             StreamKey::new("b", "a"),
             StreamKey::new("b", "b"),
@@ -456,17 +441,17 @@ mod tests {
         assert!(reg.commit_running(&a));
         let mut cb = reg.start_commit(&b).unwrap();
         let mut cc = reg.start_commit(&c).unwrap();
-        ca.admit_copy().unwrap();
-        cb.admit_copy().unwrap();
+        ca.admit_copy(&budget).unwrap();
+        cb.admit_copy(&budget).unwrap();
         assert_eq!(
-            cc.admit_copy().err().map(|e| e.code()),
+            cc.admit_copy(&budget).err().map(|e| e.code()),
             Some(ErrorCode::SNAPSHOT_COMMITS_BUSY)
         );
         drop(ca);
         assert!(!reg.commit_running(&a));
-        cc.admit_copy().unwrap();
+        cc.admit_copy(&budget).unwrap();
         drop((cb, cc));
-        assert_eq!(reg.copy_reserved.load(Ordering::Acquire), 0);
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -14,7 +14,14 @@ const OCTET: &str = "application/octet-stream";
 
 #[test]
 fn bodies_in_flight_are_bounded_and_released() {
-    let s = Server::start_with_args(&["--http-inflight-body-size", "1000000"]);
+    let s = Server::start_with_args(&[
+        "--cold-backend",
+        "none",
+        "--max-request-bytes",
+        "1000000",
+        "--http-inflight-body-size",
+        "1000000",
+    ]);
     assert_eq!(s.put("/budget/s", OCTET, b"").status, 201);
     let held = |s: &Server| s.metrics()["http_inflight_body_bytes"].as_u64().unwrap();
 
@@ -41,6 +48,19 @@ fn bodies_in_flight_are_bounded_and_released() {
     );
     assert_error(&r, 503, "INGRESS_BODY_BYTES_LIMIT_REACHED");
     assert_eq!(r.header("retry-after"), Some("1"));
+    // A chunked body reserves the route's limit (protocol.md §2.4): it does not fit either.
+    let mut chunked = Conn::open(s.addr(), Duration::from_secs(10)).unwrap();
+    chunked
+        .write_raw(
+            format!(
+                "POST /budget/s HTTP/1.1\r\nHost: {}\r\nContent-Type: {OCTET}\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+                s.addr()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let r = chunked.read_response(false).unwrap();
+    assert_error(&r, 503, "INGRESS_BODY_BYTES_LIMIT_REACHED");
     // One that fits goes through meanwhile.
     assert_eq!(s.post("/budget/s", OCTET, &[2u8; 1000]).status, 204);
 

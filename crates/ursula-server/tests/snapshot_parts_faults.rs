@@ -16,7 +16,11 @@ use std::time::Duration;
 #[test]
 fn staged_bytes_bound_is_charged_before_the_body_and_stalled_uploads_time_out() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path(), "body_timeout_ms = 8000\n");
+    // A budget that holds every declared body: the staged bound is what answers here.
+    let cfg = config(
+        tmp.path(),
+        "body_timeout_ms = 8000\nhttp_inflight_body_size = 4294967296\n",
+    );
     let s = Server::start_with_args(&["--config", &cfg]);
     let p = "/mpart/bound";
     assert_eq!(s.put(p, OCTETS, b"x").status, 201);

@@ -36,7 +36,7 @@ pub async fn read<'a>(
     body: Body,
     limit: u64,
 ) -> Result<(Bytes, Charge<'a>), ApiError> {
-    read_copying_below(app, headers, body, limit, COPY_BELOW).await
+    read_copying_below(app, headers, body, limit, COPY_BELOW, true).await
 }
 
 /// [`read`], always into an allocation of the body's own.
@@ -46,7 +46,22 @@ pub async fn read_owned<'a>(
     body: Body,
     limit: u64,
 ) -> Result<(Bytes, Charge<'a>), ApiError> {
-    read_copying_below(app, headers, body, limit, usize::MAX).await
+    read_copying_below(app, headers, body, limit, usize::MAX, true).await
+}
+
+/// [`read`] without a budget reservation: only for a snapshot commit's manifest (at most
+/// 262,144 bytes), which must never keep its own copy from starting (snapshot-parts.md §10).
+pub async fn read_unreserved(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+) -> Result<Bytes, ApiError> {
+    Ok(
+        read_copying_below(app, headers, body, limit, COPY_BELOW, false)
+            .await?
+            .0,
+    )
 }
 
 async fn read_copying_below<'a>(
@@ -55,6 +70,7 @@ async fn read_copying_below<'a>(
     body: Body,
     limit: u64,
     copy_below: usize,
+    reserve: bool,
 ) -> Result<(Bytes, Charge<'a>), ApiError> {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -63,9 +79,14 @@ async fn read_copying_below<'a>(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
-    // A declared length is charged before any of the body is read.
-    let mut charge = app.body_budget.charge();
-    charge.grow(declared.unwrap_or(0))?;
+    // Reserved before any of the body is read: the declared length, else the route's limit
+    // (protocol.md §2.4).
+    let size = if reserve {
+        declared.unwrap_or(limit)
+    } else {
+        0
+    };
+    let charge = app.body_budget.reserve(size)?;
     let timeout = Duration::from_millis(app.cfg.body_timeout_ms);
     let collect = async {
         let mut body = body;
@@ -87,9 +108,6 @@ async fn read_copying_below<'a>(
                 + data.len() as u64;
             if total > limit {
                 return Err(too_large(limit));
-            }
-            if total > charge.bytes() {
-                charge.grow(total - charge.bytes())?;
             }
             // Keep the common one-chunk body without copying it.
             if buf.is_empty() && single.is_none() {

@@ -228,7 +228,7 @@ async fn read_manifest(
     body: Body,
     count: usize,
 ) -> Result<Vec<PartId>, ApiError> {
-    let (bytes, _charge) = body::read(app, hm, body, rules::MAX_MANIFEST_BYTES as u64)
+    let bytes = body::read_unreserved(app, hm, body, rules::MAX_MANIFEST_BYTES as u64)
         .await
         .map_err(|e| match e.code() {
             ErrorCode::PAYLOAD_TOO_LARGE => ApiError::new(
@@ -275,7 +275,7 @@ pub async fn commit(app: &Arc<App>, target: &Target, seg: &str, req: Request<Bod
         }
     };
     let mut running = app.parts.start_commit(key)?;
-    running.admit_copy()?;
+    running.admit_copy(&app.body_budget)?;
     let ids = read_manifest(app, hm, body, c.count).await?;
     // B2, B3: every part is this stream's, of the current incarnation, and they fit.
     let listed = cold

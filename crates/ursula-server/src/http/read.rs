@@ -15,7 +15,7 @@ use ursula_core::command::{Lifetime, Op};
 use ursula_core::ids::Incarnation;
 use ursula_core::offset::{Off, ReadStart};
 use ursula_core::read as read_plan;
-use ursula_core::snapshot::{Digest, MAX_SNAPSHOT_REQUEST_BYTES};
+use ursula_core::snapshot::Digest;
 use ursula_core::stream::StreamState;
 use ursula_core::{ErrorCode, StreamKey};
 
@@ -379,7 +379,7 @@ pub fn head(app: &Arc<App>, target: &Target, hm: &HeaderMap) -> ApiResult {
     h::put(
         out,
         &h::MAX_SNAPSHOT_REQUEST_BYTES_HDR,
-        &MAX_SNAPSHOT_REQUEST_BYTES.to_string(),
+        &app.snapshot_request_limit().to_string(),
     );
     if app.tiering.is_some() {
         h::put_u64(

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use std::sync::Arc;
 use ursula_core::command::{At, Op, PublishSnapshotReq, Reply, SnapshotReply};
 use ursula_core::offset::{self, Off};
-use ursula_core::snapshot::{Digest, MAX_SNAPSHOT_REQUEST_BYTES};
+use ursula_core::snapshot::Digest;
 use ursula_core::{ErrorCode, content_type};
 
 /// Blobs at least this large are hashed off the async workers.
@@ -167,7 +167,7 @@ async fn publish(
     let snapshot_match = snapshot_match(hm)?;
     let incarnation = h::incarnation(hm)?;
     // The stream keeps the blob as it is: it must not pin a connection's read buffer.
-    let (blob, _charge) = body::read_owned(app, hm, body, MAX_SNAPSHOT_REQUEST_BYTES).await?;
+    let (blob, _charge) = body::read_owned(app, hm, body, app.snapshot_request_limit()).await?;
     let digest = digest_of(content_type.clone(), blob.clone()).await?;
     if let (Some(t), false) = (&app.tiering, blob.is_empty()) {
         // On a node with a cold backend the blob is a cold object (extensions.md §6).
