@@ -87,13 +87,16 @@ mod log_store;
 pub mod network;
 mod node;
 mod state_machine;
+pub mod testing;
 pub mod types;
+mod wire;
 
 pub use error::{ProposeError, RaftError};
 pub use identity::FORMAT_VERSION;
 pub use listener::ApplyListener;
 pub use log_store::LogStore;
-pub use node::{Node, NodeConfig};
+pub use network::{RpcFuture, Transport, TransportError};
+pub use node::{Node, NodeConfig, RaftTiming};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 pub use types::{Batch, BatchResponse, TypeConfig};
 pub use ursula_storage::WalOptions;

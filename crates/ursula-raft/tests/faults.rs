@@ -26,6 +26,7 @@ fn config(dir: &Path, fs: &FaultyFs, fsync: bool, snapshot_logs: u64) -> NodeCon
         },
         snapshot_logs,
         listener: None,
+        ..NodeConfig::new(dir)
     }
 }
 

@@ -21,6 +21,7 @@ fn config(dir: &Path) -> NodeConfig {
         },
         snapshot_logs: 20_000,
         listener: None,
+        ..NodeConfig::new(dir)
     }
 }
 

@@ -23,6 +23,7 @@ fn config(dir: &Path, groups: u32, fsync: bool) -> NodeConfig {
         },
         snapshot_logs: 20_000,
         listener: None,
+        ..NodeConfig::new(dir)
     }
 }
 
@@ -283,6 +284,7 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
         },
         snapshot_logs: 20,
         listener: None,
+        ..NodeConfig::new(dir.path())
     };
     let node = open(cfg.clone()).await;
     let key = key_in_group(0, groups, 11);
@@ -446,6 +448,7 @@ async fn repeated_crashes_and_restarts_with_snapshots() {
         },
         snapshot_logs: 10,
         listener: None,
+        ..NodeConfig::new(dir.path())
     };
     let keys: Vec<_> = (0..groups).map(|g| key_in_group(g, groups, 5)).collect();
     let mut expected = vec![0u64; groups as usize];

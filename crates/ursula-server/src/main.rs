@@ -203,6 +203,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         },
         snapshot_logs: cfg.snapshot_logs,
         listener: Some(watchers.clone()),
+        ..ursula_raft::NodeConfig::new(cfg.data_dir.clone())
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;

@@ -1,0 +1,251 @@
+//! Three-node clusters in one process over the test network: elections, quorum
+//! acknowledgement, partitions, loss and delay, catch-up by snapshot, a killed leader.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod sim;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sim::*;
+use ursula_raft::ProposeError;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_elect_replicate_and_redirect() {
+    let c = Cluster::start(3, 2, 20_000).await;
+    let all = c.ids();
+    for g in 0..c.groups {
+        let leader = c.leader(g, &all).await;
+        // Every node learns who leads, and a follower refuses to propose, naming the leader.
+        for &id in &all {
+            let deadline = Instant::now() + T;
+            while c.nodes[&id].leader_of(g) != Some(leader) {
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} never learned the leader"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(
+                c.nodes[&id].peer_url(leader),
+                Some(format!("http://node-{leader}").as_str())
+            );
+            if id != leader {
+                let key = key_in_group(g, c.groups, 0);
+                match c.nodes[&id].propose(g, create(&key)).await {
+                    Err(ProposeError::ForwardToLeader { leader: Some(l) }) => assert_eq!(l, leader),
+                    other => panic!("a follower proposed: {other:?}"),
+                }
+                assert!(matches!(
+                    c.nodes[&id].ensure_linearizable(g).await,
+                    Err(ProposeError::ForwardToLeader { leader: Some(_) })
+                ));
+            }
+        }
+        let key = key_in_group(g, c.groups, 1);
+        assert!(ok(&c.nodes[&leader]
+            .propose(g, create(&key))
+            .await
+            .unwrap()));
+        let mut want = Vec::new();
+        for i in 0..20 {
+            assert!(ok(&c.nodes[&leader]
+                .propose(g, append(&key, i))
+                .await
+                .unwrap()));
+            want.extend(record(i));
+        }
+        c.nodes[&leader].ensure_linearizable(g).await.unwrap();
+        assert_eq!(c.bytes(leader, &key).unwrap(), want);
+        c.converged(&all, &key, &want).await;
+    }
+    for n in c.nodes.values() {
+        assert!(n.leaderless_groups().is_empty());
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minority_cannot_commit_majority_elects_and_healing_converges() {
+    let c = Cluster::start(3, 1, 20_000).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = c.watch_leaders(Arc::clone(&stop));
+    let all = c.ids();
+    let key = key_in_group(0, 1, 0);
+    let old = c.leader(0, &all).await;
+    assert!(ok(&c.propose(&[old], 0, create(&key), T).await.unwrap()));
+    let mut acked = Vec::new();
+    for i in 0..5 {
+        assert!(ok(&c.propose(&[old], 0, append(&key, i), T).await.unwrap()));
+        acked.push(i);
+    }
+
+    // The old leader alone cannot commit: its write is never acknowledged.
+    let rest: Vec<u64> = all.iter().copied().filter(|&id| id != old).collect();
+    c.net.partition(&[&[old], &rest]);
+    let started = Instant::now();
+    let lonely = tokio::time::timeout(
+        Duration::from_secs(2),
+        c.nodes[&old].propose(0, append(&key, 900)),
+    )
+    .await;
+    assert!(
+        !matches!(lonely, Ok(Ok(Ok(_)))),
+        "the minority acknowledged a write: {lonely:?}"
+    );
+
+    // The majority elects one of its own and goes on.
+    let new = c.leader(0, &rest).await;
+    assert_ne!(new, old);
+    for i in 5..15 {
+        assert!(ok(&c.propose(&rest, 0, append(&key, i), T).await.unwrap()));
+        acked.push(i);
+    }
+    eprintln!(
+        "majority side wrote again {:?} after the partition",
+        started.elapsed()
+    );
+
+    // Healed, the old leader drops its unacknowledged entry and converges.
+    c.net.heal();
+    let want: Vec<u8> = acked.iter().flat_map(|&i| record(i)).collect();
+    c.converged(&all, &key, &want).await;
+    assert!(!records(&c.bytes(old, &key).unwrap()).contains(&900));
+
+    stop.store(true, Ordering::SeqCst);
+    watcher.await.unwrap();
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_follower_catches_up_by_snapshot() {
+    let c = Cluster::start(3, 1, 10).await;
+    let all = c.ids();
+    let key = key_in_group(0, 1, 0);
+    let leader = c.leader(0, &all).await;
+    let lagging = *all.iter().find(|&&id| id != leader).unwrap();
+    assert!(ok(&c.propose(&[leader], 0, create(&key), T).await.unwrap()));
+    c.net.isolate(lagging, &all);
+    let live: Vec<u64> = all.iter().copied().filter(|&id| id != lagging).collect();
+    let mut want = Vec::new();
+    for i in 0..60 {
+        assert!(ok(&c.propose(&live, 0, append(&key, i), T).await.unwrap()));
+        want.extend(record(i));
+    }
+    // The leader snapshotted and purged what the lagging node misses.
+    let deadline = Instant::now() + T;
+    let l = c.leader(0, &live).await;
+    loop {
+        let m = c.nodes[&l].raft(0).metrics();
+        let purged = m.borrow().purged.map_or(0, |p| p.index);
+        if purged > 10 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the leader never purged its log");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.net.heal();
+    c.converged(&all, &key, &want).await;
+    let m = c.nodes[&lagging].raft(0).metrics();
+    assert!(
+        m.borrow().snapshot.is_some_and(|s| s.index > 10),
+        "the lagging node caught up without a snapshot"
+    );
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_leader_fails_over_and_rejoins_under_a_lossy_network() {
+    let mut c = Cluster::start(3, 2, 50).await;
+    c.net.set_delay(Duration::from_millis(2));
+    c.net.set_loss(50, 7);
+    let all = c.ids();
+    let key = key_in_group(0, 2, 0);
+    let old = c.leader(0, &all).await;
+    assert!(ok(&c.propose(&all, 0, create(&key), T).await.unwrap()));
+
+    // A writer appends records one after the other; each acknowledged one is noted.
+    let mut acked: Vec<u32> = Vec::new();
+    let mut unknown: Vec<u32> = Vec::new();
+    let mut i = 0u32;
+    for _ in 0..30 {
+        match write(&c, &all, &key, i).await {
+            Ok(r) if ok(&r) => acked.push(i),
+            _ => unknown.push(i),
+        }
+        i += 1;
+    }
+
+    c.kill(old).await;
+    let killed_at = Instant::now();
+    let survivors = c.ids();
+    let mut failover = None;
+    for _ in 0..60 {
+        match write(&c, &survivors, &key, i).await {
+            Ok(r) if ok(&r) => {
+                failover.get_or_insert(killed_at.elapsed());
+                acked.push(i);
+            }
+            _ => unknown.push(i),
+        }
+        i += 1;
+    }
+    let failover = failover.expect("no write succeeded after the leader died");
+    eprintln!("writes succeeded again {failover:?} after the leader was killed");
+    assert!(
+        failover < Duration::from_secs(5),
+        "failover took {failover:?}"
+    );
+
+    // The killed node comes back (not bootstrapping again) and catches up.
+    c.open(old, false).await;
+    c.net.set_loss(0, 0);
+    for _ in 0..5 {
+        let r = write(&c, &c.ids(), &key, i).await.unwrap();
+        assert!(ok(&r));
+        acked.push(i);
+        i += 1;
+    }
+    let leader = c.leader(0, &c.ids()).await;
+    c.nodes[&leader].ensure_linearizable(0).await.unwrap();
+    let final_bytes = c.bytes(leader, &key).unwrap();
+    let held = records(&final_bytes);
+    // Every acknowledged append exactly once and in order; nothing never proposed.
+    let mut pos = 0;
+    for a in &acked {
+        let at = held[pos..]
+            .iter()
+            .position(|h| h == a)
+            .unwrap_or_else(|| panic!("acknowledged record {a} is missing or out of order"));
+        pos += at + 1;
+        assert_eq!(
+            held.iter().filter(|h| *h == a).count(),
+            1,
+            "record {a} twice"
+        );
+    }
+    assert!(
+        held.iter()
+            .all(|h| acked.contains(h) || unknown.contains(h))
+    );
+    c.converged(&c.ids(), &key, &final_bytes).await;
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
+async fn write(
+    c: &Cluster,
+    among: &[u64],
+    key: &ursula_core::StreamKey,
+    i: u32,
+) -> Result<ursula_core::Response, ProposeError> {
+    c.propose(among, 0, append(key, i), Duration::from_secs(10))
+        .await
+}
