@@ -102,6 +102,15 @@ impl App {
             Err(ProposeError::Unavailable(m)) => {
                 Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, m))
             }
+            // Leadership moved between the leader gate (http/leader.rs) and the proposal:
+            // nothing was logged; the client retries and is redirected.
+            Err(ProposeError::ForwardToLeader { leader }) => Err(ApiError::new(
+                ErrorCode::LEADER_UNAVAILABLE,
+                match leader {
+                    Some(l) => format!("this node no longer leads group {group}; node {l} does"),
+                    None => format!("raft group {group} is electing a leader; retry shortly"),
+                },
+            )),
             Err(ProposeError::OutcomeUnknown(m)) => {
                 tracing::error!(group, error = %m, "a write's outcome is unknown");
                 Err(ApiError::new(

@@ -7,6 +7,7 @@ pub mod bucket;
 pub mod error;
 pub mod headers;
 pub mod host;
+pub mod leader;
 pub mod long_poll;
 pub mod ops;
 pub mod parts;
@@ -41,6 +42,9 @@ Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Ma
 /// Answers one request.
 pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
     inc(&app.metrics.requests, 1);
+    if req.uri().path() == crate::cluster::RAFT_PATH {
+        return crate::cluster::serve_rpc(&app, req).await;
+    }
     let origin = req.headers().get(header::ORIGIN).cloned();
     let mut resp = if let Err(e) = host::check(&app, &req) {
         error::render(e)
@@ -142,6 +146,25 @@ pub fn not_found() -> ApiError {
 
 async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
     let route = path::route(req.uri().path())?;
+    if let Route::Stream(target, sub) = &route {
+        match leader::gate(app, target, sub.as_ref(), &req) {
+            leader::Gate::Lead => {}
+            leader::Gate::Answer(r) => return Ok(r),
+            leader::Gate::FollowerRead(group) => {
+                let uri = req.uri().clone();
+                return Ok(match route_request(app, route, req).await {
+                    Ok(resp) => leader::after_follower_read(app, group, &uri, resp),
+                    // An error on a replica (a stream it has not applied yet) is the leader's
+                    // to answer.
+                    Err(_) => leader::redirect(app, group, &uri),
+                });
+            }
+        }
+    }
+    route_request(app, route, req).await
+}
+
+async fn route_request(app: &Arc<App>, route: Route, req: Request<Body>) -> ApiResult {
     let method = req.method().clone();
     match route {
         Route::NotFound => Err(not_found()),

@@ -1,0 +1,95 @@
+//! Which node serves a stream request (spec cluster.md §3): the leader of the stream's group
+//! serves everything; a follower serves only catch-up reads of bytes it has applied, and
+//! redirects the rest (`307` to the leader's peer URL, or `503 LEADER_UNAVAILABLE` while no
+//! leader is known). A node without peers leads every group: nothing here applies.
+
+use super::Resp;
+use super::error::{self, ApiError};
+use super::headers as h;
+use super::path::{Sub, Target};
+use crate::app::App;
+use axum::body::Body;
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use ursula_core::ErrorCode;
+
+pub static RAFT_LEADER_ID: HeaderName = HeaderName::from_static("x-ursula-raft-leader-id");
+
+/// What this node does with a stream request.
+pub enum Gate {
+    /// This node leads the group (or has no peers): serve.
+    Lead,
+    /// A follower serving a catch-up read; see [`after_follower_read`].
+    FollowerRead(u32),
+    /// Answer this instead (307 or 503).
+    Answer(Resp),
+}
+
+/// A catch-up read: `GET` of the stream itself, not live, not `offset=now`.
+fn follower_servable(method: &Method, sub: Option<&Sub>, q: Option<&str>) -> bool {
+    if method != Method::GET || sub.is_some() {
+        return false;
+    }
+    !q.unwrap_or("").split('&').any(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        k == "live" || (k == "offset" && v == "now")
+    })
+}
+
+pub fn gate(app: &App, target: &Target, sub: Option<&Sub>, req: &Request<Body>) -> Gate {
+    let node = &app.node;
+    if !node.has_peers() {
+        return Gate::Lead;
+    }
+    let group = app.group_of(&target.key);
+    if node.leads(group) {
+        return Gate::Lead;
+    }
+    if follower_servable(req.method(), sub, req.uri().query()) {
+        return Gate::FollowerRead(group);
+    }
+    Gate::Answer(redirect(app, group, req.uri()))
+}
+
+/// A follower answers a read itself only with bytes it has applied that state no tail fact
+/// (§3.3). Anything else goes to the leader: `Stream-Up-To-Date: true` without a closed tail,
+/// and every non-200 answer (a stream this replica has not applied yet would be a 404, an
+/// offset past its applied tail a 416).
+pub fn after_follower_read(app: &App, group: u32, uri: &http::Uri, resp: Resp) -> Resp {
+    if resp.status() != StatusCode::OK {
+        return redirect(app, group, uri);
+    }
+    let hm = resp.headers();
+    let says_up_to_date = hm
+        .get(&h::STREAM_UP_TO_DATE)
+        .is_some_and(|v| v.as_bytes() == b"true");
+    let closed = hm
+        .get(&h::STREAM_CLOSED)
+        .is_some_and(|v| v.as_bytes() == b"true");
+    if says_up_to_date && !closed {
+        redirect(app, group, uri)
+    } else {
+        resp
+    }
+}
+
+/// `307` to the leader of `group`, or `503 LEADER_UNAVAILABLE` (`Retry-After: 1`).
+pub fn redirect(app: &App, group: u32, uri: &http::Uri) -> Resp {
+    let me = app.node.node_id();
+    let leader = app.node.leader_of(group).filter(|&l| l != me);
+    let Some((id, url)) = leader.and_then(|l| Some((l, app.node.peer_url(l)?))) else {
+        return error::render(ApiError::new(
+            ErrorCode::LEADER_UNAVAILABLE,
+            format!("raft group {group} is electing a leader; retry shortly"),
+        ));
+    };
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let location = format!("{}{path}", url.trim_end_matches('/'));
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+    let hm = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        hm.insert(header::LOCATION, v);
+    }
+    hm.insert(&RAFT_LEADER_ID, HeaderValue::from(id));
+    r
+}
