@@ -18,6 +18,9 @@ pub static RAFT_LEADER_ID: HeaderName = HeaderName::from_static("x-ursula-raft-l
 pub enum Gate {
     /// This node leads the group (or has no peers): serve.
     Lead,
+    /// This node leads the group of a read: confirm it still does with a quorum (read index,
+    /// [`confirm_leader_read`]) before serving, so a deposed leader never serves a stale tail.
+    LeadRead(u32),
     /// A follower serving a catch-up read; see [`after_follower_read`].
     FollowerRead(u32),
     /// Answer this instead (307 or 503).
@@ -42,12 +45,26 @@ pub fn gate(app: &App, target: &Target, sub: Option<&Sub>, req: &Request<Body>) 
     }
     let group = app.group_of(&target.key);
     if node.leads(group) {
-        return Gate::Lead;
+        let read = req.method() == Method::GET || req.method() == Method::HEAD;
+        return if read {
+            Gate::LeadRead(group)
+        } else {
+            Gate::Lead
+        };
     }
     if follower_servable(req.method(), sub, req.uri().query()) {
         return Gate::FollowerRead(group);
     }
     Gate::Answer(redirect(app, group, req.uri()))
+}
+
+/// `None` once this node has confirmed with a quorum that it leads `group` and has applied
+/// everything committed before; else the redirect (or 503) to answer instead.
+pub async fn confirm_leader_read(app: &App, group: u32, uri: &http::Uri) -> Option<Resp> {
+    match app.node.ensure_linearizable(group).await {
+        Ok(()) => None,
+        Err(_) => Some(redirect(app, group, uri)),
+    }
 }
 
 /// A follower answers a read itself only with bytes it has applied that state no tail fact

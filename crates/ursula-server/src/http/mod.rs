@@ -149,6 +149,11 @@ async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
     if let Route::Stream(target, sub) = &route {
         match leader::gate(app, target, sub.as_ref(), &req) {
             leader::Gate::Lead => {}
+            leader::Gate::LeadRead(group) => {
+                if let Some(r) = leader::confirm_leader_read(app, group, req.uri()).await {
+                    return Ok(r);
+                }
+            }
             leader::Gate::Answer(r) => return Ok(r),
             leader::Gate::FollowerRead(group) => {
                 let uri = req.uri().clone();
