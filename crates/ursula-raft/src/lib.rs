@@ -35,6 +35,7 @@
 //!                                        optional cluster_id (adopted once, then enforced)
 //! {data_dir}/wal/                        the shared WAL (ursula-storage format)
 //! {data_dir}/snapshots/group-{g}.snap    ursula-storage snapshot file per group
+//! {data_dir}/snapshots/group-{g}.recv    a snapshot being received from the leader
 //! ```
 //!
 //! ### WAL records

@@ -120,6 +120,22 @@ impl Cluster {
         }
     }
 
+    /// Waits until every node of `among` names the same leader of `group`, which leads.
+    pub async fn agreed_leader(&self, group: u32, among: &[u64]) -> u64 {
+        let deadline = Instant::now() + T;
+        loop {
+            let l = self.leader(group, among).await;
+            if among
+                .iter()
+                .all(|id| self.nodes[id].leader_of(group) == Some(l))
+            {
+                return l;
+            }
+            assert!(Instant::now() < deadline, "group {group}: no agreed leader");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Proposes on `among`, following `ForwardToLeader` answers (which log nothing) until a
     /// node accepts or `timeout` passes. Other errors are returned as they are.
     pub async fn propose(
@@ -239,6 +255,17 @@ pub fn append(key: &StreamKey, i: u32) -> Command {
         op: Op::Append(Box::new(AppendReq {
             content_type: Some("application/octet-stream".into()),
             ..AppendReq::new(key.clone(), Bytes::from(payload.into_bytes()))
+        })),
+    }
+}
+
+/// An append of `payload`.
+pub fn append_bytes(key: &StreamKey, payload: Vec<u8>) -> Command {
+    Command {
+        now_ms: 2_000,
+        op: Op::Append(Box::new(AppendReq {
+            content_type: Some("application/octet-stream".into()),
+            ..AppendReq::new(key.clone(), Bytes::from(payload))
         })),
     }
 }
