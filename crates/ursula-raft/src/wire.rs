@@ -10,6 +10,7 @@
 //! |-----:|--------------|---------------|
 //! | 1 append-entries | `bincode((vote, prev_log_id, leader_commit))`, `count u32 LE`, per entry `len u32 LE` + the WAL entry encoding ([`crate::codec::encode_entry`]) | `bincode(Result<AppendEntriesResponse, RaftError>)` |
 //! | 2 vote | `bincode(VoteRequest)` | `bincode(Result<VoteResponse, RaftError>)` |
+//! | 4 propose (a cross-group request to the group's leader) | `Command::encode` (current schema) | `bincode(Result<Response, RemoteProposeError>)` |
 //! | 3 install-snapshot chunk | `bincode(InstallSnapshotRequest)` (one chunk of at most `snapshot_max_chunk_size` bytes) | `bincode(Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>)` |
 //!
 //! Entries travel in the WAL's own entry encoding (versioned, and the one every node already
@@ -22,10 +23,13 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use ursula_core::{Command, Response, Schema};
 
 use crate::codec;
+use crate::error::ProposeError;
 use crate::types::{LogId, NodeId, TypeConfig, Vote};
 
 const REQUEST_MAGIC: &[u8; 4] = b"URPC";
@@ -36,12 +40,68 @@ pub const WIRE_VERSION: u8 = 1;
 pub(crate) const KIND_APPEND: u8 = 1;
 pub(crate) const KIND_VOTE: u8 = 2;
 pub(crate) const KIND_SNAPSHOT: u8 = 3;
+pub(crate) const KIND_PROPOSE: u8 = 4;
 
 /// A decoded request.
 pub(crate) enum Request {
     Append(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
+    Propose(Command),
+}
+
+/// A [`ProposeError`] as it travels back from the node that was asked to propose.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) enum RemoteProposeError {
+    Unavailable(String),
+    Storage(String),
+    StorageUnavailable(String),
+    OutcomeUnknown(String),
+    InsufficientStorage(String),
+    TooLarge(u64, u64),
+    ForwardToLeader(Option<u64>),
+    NoSuchGroup(u32),
+}
+
+impl From<ProposeError> for RemoteProposeError {
+    fn from(e: ProposeError) -> Self {
+        match e {
+            ProposeError::Unavailable(m) => Self::Unavailable(m),
+            ProposeError::Storage(m) => Self::Storage(m),
+            ProposeError::StorageUnavailable(m) => Self::StorageUnavailable(m),
+            ProposeError::OutcomeUnknown(m) => Self::OutcomeUnknown(m),
+            ProposeError::InsufficientStorage(m) => Self::InsufficientStorage(m),
+            ProposeError::TooLarge { size, max } => Self::TooLarge(size as u64, max as u64),
+            ProposeError::ForwardToLeader { leader } => Self::ForwardToLeader(leader),
+            ProposeError::NoSuchGroup(g) => Self::NoSuchGroup(g),
+        }
+    }
+}
+
+impl From<RemoteProposeError> for ProposeError {
+    fn from(e: RemoteProposeError) -> Self {
+        match e {
+            RemoteProposeError::Unavailable(m) => Self::Unavailable(m),
+            RemoteProposeError::Storage(m) => Self::Storage(m),
+            RemoteProposeError::StorageUnavailable(m) => Self::StorageUnavailable(m),
+            RemoteProposeError::OutcomeUnknown(m) => Self::OutcomeUnknown(m),
+            RemoteProposeError::InsufficientStorage(m) => Self::InsufficientStorage(m),
+            RemoteProposeError::TooLarge(size, max) => Self::TooLarge {
+                size: size as usize,
+                max: max as usize,
+            },
+            RemoteProposeError::ForwardToLeader(leader) => Self::ForwardToLeader { leader },
+            RemoteProposeError::NoSuchGroup(g) => Self::NoSuchGroup(g),
+        }
+    }
+}
+
+pub(crate) type ProposeResult = Result<Response, RemoteProposeError>;
+
+pub(crate) fn encode_propose(group: u32, cmd: &Command) -> Result<Vec<u8>, String> {
+    let mut out = header(KIND_PROPOSE, group);
+    cmd.encode_into(&mut out)?;
+    Ok(out)
 }
 
 pub(crate) type AppendResult = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
@@ -139,6 +199,7 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Result<(u32, Request), String> {
         }
         KIND_VOTE => Request::Vote(bincode::deserialize(rd).map_err(|e| e.to_string())?),
         KIND_SNAPSHOT => Request::Snapshot(bincode::deserialize(rd).map_err(|e| e.to_string())?),
+        KIND_PROPOSE => Request::Propose(Command::decode(Schema::CURRENT, rd)?),
         k => return Err(format!("unknown raft rpc kind {k}")),
     };
     Ok((group, req))

@@ -37,6 +37,25 @@ async fn three_nodes_elect_replicate_and_redirect() {
                     Ok(()) if c.nodes[&id].leads(g) => {}
                     other => panic!("a follower confirmed a leader read: {other:?}"),
                 }
+                // A cross-group request is proposed by the leader on the follower's behalf.
+                let other = key_in_group(g, c.groups, 10 + id as usize);
+                let deadline = Instant::now() + T;
+                loop {
+                    match c.nodes[&id].propose_via_leader(g, create(&other)).await {
+                        Ok(r) => {
+                            assert!(ok(&r), "{r:?}");
+                            break;
+                        }
+                        Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Err(e) => panic!("forwarded proposal failed: {e}"),
+                    }
+                }
+                let leader_now = c.leader(g, &all).await;
+                c.nodes[&leader_now].ensure_linearizable(g).await.unwrap();
+                let st = c.nodes[&leader_now].state(g);
+                assert!(st.read().unwrap().streams.contains_key(&other));
             }
         }
         let key = key_in_group(g, c.groups, 1);

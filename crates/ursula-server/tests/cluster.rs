@@ -266,6 +266,29 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         Some(procs[lead].id.to_string().as_str())
     );
 
+    // A bucket is replicated to every group, whatever node leads each: any node creates it.
+    let r = try_request(procs[follower].addr(), "PUT", "/clusbucket", &[], b"", T).unwrap();
+    assert_eq!(
+        r.status / 100,
+        2,
+        "bucket create on a follower: {}",
+        r.describe()
+    );
+    for p in &procs {
+        let seen = common::wait_until(T, || {
+            try_request(
+                p.addr(),
+                "GET",
+                "/clusbucket",
+                &[],
+                b"",
+                Duration::from_secs(2),
+            )
+            .is_ok_and(|r| r.status == 200)
+        });
+        assert!(seen, "node {} never saw the bucket", p.id);
+    }
+
     // A writer with an idempotent producer appends record after record through whichever
     // node answers; a retried record is deduplicated, so each is in the stream exactly once.
     let acked: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();

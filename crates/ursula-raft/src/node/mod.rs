@@ -146,6 +146,8 @@ pub struct Node {
     node_id: u64,
     /// Voters other than this node's own entry included (id -> URL); empty without peers.
     peers: BTreeMap<u64, String>,
+    /// Carries RPCs to peers (cross-group proposals; openraft has its own clones).
+    transport: Option<Arc<dyn Transport>>,
     groups: Vec<Group>,
     wal: Wal,
     closing: AtomicBool,
@@ -243,6 +245,7 @@ impl Node {
         let node = Node {
             node_id: cfg.node_id,
             peers: cfg.peers.clone(),
+            transport: cfg.transport.clone(),
             groups,
             wal,
             closing: AtomicBool::new(false),

@@ -2,7 +2,11 @@
 
 use super::*;
 
-use crate::wire::{self, AppendResult, Request, SnapshotResult, VoteResult};
+use crate::network::TransportError;
+use crate::wire::{self, AppendResult, ProposeResult, Request, SnapshotResult, VoteResult};
+
+/// How long a proposal forwarded to a group's leader may take.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Node {
     /// Handles one Raft RPC frame from a peer (see `wire.rs`) and returns the answer frame.
@@ -22,6 +26,48 @@ impl Node {
             Request::Snapshot(r) => {
                 wire::encode_response::<SnapshotResult>(&g.raft.install_snapshot(r).await)
             }
+            // Proposed here only: a node that does not lead answers ForwardToLeader, so a
+            // forwarded request never travels further.
+            Request::Propose(cmd) => wire::encode_response::<ProposeResult>(
+                &self.propose(group, cmd).await.map_err(Into::into),
+            ),
         })
+    }
+
+    /// [`Node::propose`], and where another node leads `group`, the same command proposed by
+    /// that leader over the transport: for requests that must reach several groups (a bucket
+    /// replicated to every group, a fork's pin in its source's group), whose leaders may sit
+    /// on other nodes. A client's own write is redirected to its leader instead (HTTP 307).
+    ///
+    /// A forwarded command whose answer is lost may have been applied: like a client retry,
+    /// the caller must be idempotent.
+    pub async fn propose_via_leader(
+        &self,
+        group: u32,
+        cmd: Command,
+    ) -> Result<Response, ProposeError> {
+        let Some(transport) = &self.transport else {
+            return self.propose(group, cmd).await;
+        };
+        let leader = match self.not_leading(group) {
+            None => return self.propose(group, cmd).await,
+            Some(None) => return Err(ProposeError::ForwardToLeader { leader: None }),
+            Some(Some(l)) => l,
+        };
+        let frame = wire::encode_propose(group, &cmd).map_err(ProposeError::Storage)?;
+        let answer = transport
+            .send(leader, frame, FORWARD_TIMEOUT)
+            .await
+            .map_err(|e| match e {
+                // Not delivered: nothing was proposed.
+                TransportError::Unreachable(..) => ProposeError::ForwardToLeader { leader: None },
+                TransportError::Failed(..) => ProposeError::Unavailable(format!(
+                    "forwarding to node {leader}, the leader of group {group}, failed: {e}"
+                )),
+            })?;
+        let result: ProposeResult = wire::decode_response(&answer).map_err(|e| {
+            ProposeError::Unavailable(format!("bad answer from node {leader}: {e}"))
+        })?;
+        result.map_err(Into::into)
     }
 }
