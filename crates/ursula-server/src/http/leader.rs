@@ -89,6 +89,25 @@ pub fn after_follower_read(app: &App, group: u32, uri: &http::Uri, resp: Resp) -
     }
 }
 
+/// Reads and drops the body of a request answered with a redirect before it was read, so that
+/// the client finishes sending and reads the answer (a client still writing a body the node
+/// stopped reading gets a broken pipe instead). Bounded by `max_request_bytes` and the body
+/// time-out; a larger body is not read (the connection closes after the answer).
+pub async fn discard_body(app: &App, req: Request<Body>) {
+    use http_body_util::{BodyExt, Limited};
+    let limit = usize::try_from(app.cfg.max_request_bytes).unwrap_or(usize::MAX);
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared == Some(0) || declared.is_some_and(|n| n > app.cfg.max_request_bytes) {
+        return;
+    }
+    let timeout = std::time::Duration::from_millis(app.cfg.body_timeout_ms.max(1));
+    let _ = tokio::time::timeout(timeout, Limited::new(req.into_body(), limit).collect()).await;
+}
+
 /// `307` to the leader of `group`, or `503 LEADER_UNAVAILABLE` (`Retry-After: 1`).
 pub fn redirect(app: &App, group: u32, uri: &http::Uri) -> Resp {
     let me = app.node.node_id();

@@ -154,7 +154,10 @@ async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
                     return Ok(r);
                 }
             }
-            leader::Gate::Answer(r) => return Ok(r),
+            leader::Gate::Answer(r) => {
+                leader::discard_body(app, req).await;
+                return Ok(r);
+            }
             leader::Gate::FollowerRead(group) => {
                 let uri = req.uri().clone();
                 return Ok(match route_request(app, route, req).await {
