@@ -303,3 +303,38 @@ async fn write(
     c.propose(among, 0, append(key, i), Duration::from_secs(10))
         .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_survive_losing_two_including_the_leader() {
+    let mut c = Cluster::start(5, 1, 20_000).await;
+    let all = c.ids();
+    let key = key_in_group(0, 1, 0);
+    assert!(ok(&c.propose(&all, 0, create(&key), T).await.unwrap()));
+    let mut acked = Vec::new();
+    for i in 0..10 {
+        assert!(ok(&c.propose(&all, 0, append(&key, i), T).await.unwrap()));
+        acked.push(i);
+    }
+    let leader = c.leader(0, &all).await;
+    let other = *all.iter().find(|&&id| id != leader).unwrap();
+    c.kill(leader).await;
+    c.kill(other).await;
+    let survivors = c.ids();
+    assert_eq!(survivors.len(), 3);
+    for i in 10..30 {
+        assert!(ok(&c
+            .propose(&survivors, 0, append(&key, i), T)
+            .await
+            .unwrap()));
+        acked.push(i);
+    }
+    let want: Vec<u8> = acked.iter().flat_map(|&i| record(i)).collect();
+    c.converged(&survivors, &key, &want).await;
+    // The two come back and catch up.
+    c.open(leader, false).await;
+    c.open(other, false).await;
+    c.converged(&c.ids(), &key, &want).await;
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
