@@ -71,6 +71,10 @@ pub enum ProposeError {
     /// The command is too large to log (approximate encoded size in bytes).
     #[error("command of about {size} bytes exceeds the limit of {max} bytes")]
     TooLarge { size: usize, max: usize },
+    /// This node does not lead the group: `leader` does (retry there), or no leader is known
+    /// yet (`None`: an election is in progress; retry shortly). Nothing was logged.
+    #[error("not the leader (leader: {leader:?})")]
+    ForwardToLeader { leader: Option<u64> },
     /// The group id is not below [`crate::Node::group_count`].
     #[error("no such raft group {0}")]
     NoSuchGroup(u32),
@@ -79,6 +83,9 @@ pub enum ProposeError {
 impl ProposeError {
     /// Whether retrying later (possibly on another node) may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ProposeError::Unavailable(_))
+        matches!(
+            self,
+            ProposeError::Unavailable(_) | ProposeError::ForwardToLeader { .. }
+        )
     }
 }

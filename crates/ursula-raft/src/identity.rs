@@ -26,13 +26,21 @@ pub const FORMAT_VERSION: u32 = 1;
 pub struct Identity {
     pub node_id: u64,
     pub group_count: u32,
+    /// The cluster the directory belongs to (optional key `cluster_id`; absent in directories
+    /// written before clusters, or by a node configured without one).
+    pub cluster_id: Option<String>,
 }
 
 fn render(id: &Identity) -> String {
-    format!(
+    let mut text = format!(
         "# Ursula node data directory. Do not edit.\nmagic = \"{MAGIC}\"\nformat_version = {FORMAT_VERSION}\nnode_id = {}\ngroup_count = {}\n",
         id.node_id, id.group_count
-    )
+    );
+    // Cluster ids are validated to [A-Za-z0-9._-], so they need no escaping.
+    if let Some(c) = &id.cluster_id {
+        text.push_str(&format!("cluster_id = \"{c}\"\n"));
+    }
+    text
 }
 
 fn parse(path: &Path, text: &str) -> Result<Identity, RaftError> {
@@ -41,6 +49,7 @@ fn parse(path: &Path, text: &str) -> Result<Identity, RaftError> {
     let mut version = None;
     let mut node_id = None;
     let mut group_count = None;
+    let mut cluster_id = None;
     for line in text.lines() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
@@ -55,6 +64,7 @@ fn parse(path: &Path, text: &str) -> Result<Identity, RaftError> {
             "format_version" => version = value.parse::<u32>().ok(),
             "node_id" => node_id = value.parse::<u64>().ok(),
             "group_count" => group_count = value.parse::<u32>().ok(),
+            "cluster_id" => cluster_id = Some(value.trim_matches('"').to_string()),
             _ => {}
         }
     }
@@ -75,6 +85,7 @@ fn parse(path: &Path, text: &str) -> Result<Identity, RaftError> {
     Ok(Identity {
         node_id: node_id.ok_or_else(|| bad("missing or invalid node_id".into()))?,
         group_count: group_count.ok_or_else(|| bad("missing or invalid group_count".into()))?,
+        cluster_id,
     })
 }
 
@@ -112,7 +123,21 @@ pub fn check_or_create(dir: &Path, want: &Identity, fresh_ok: bool) -> Result<()
                     want.group_count
                 )));
             }
-            Ok(())
+            match (&have.cluster_id, &want.cluster_id) {
+                (Some(h), Some(w)) if h != w => Err(RaftError::DataDir(format!(
+                    "{} belongs to cluster {h:?}, but this node is configured for cluster {w:?}",
+                    path.display()
+                ))),
+                // A directory from before clusters (or without an id) adopts the configured id.
+                (None, Some(_)) => {
+                    let text = render(&Identity {
+                        cluster_id: want.cluster_id.clone(),
+                        ..have
+                    });
+                    write_atomic(dir, &text).map_err(|e| RaftError::io(&path, e))
+                }
+                _ => Ok(()),
+            }
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if !fresh_ok {
@@ -138,17 +163,20 @@ mod tests {
         let id = Identity {
             node_id: 7,
             group_count: 16,
+            cluster_id: None,
         };
         check_or_create(dir.path(), &id, true).unwrap();
         check_or_create(dir.path(), &id, false).unwrap();
         let other = Identity {
             node_id: 8,
             group_count: 16,
+            cluster_id: None,
         };
         assert!(check_or_create(dir.path(), &other, false).is_err());
         let other = Identity {
             node_id: 7,
             group_count: 4,
+            cluster_id: None,
         };
         assert!(check_or_create(dir.path(), &other, false).is_err());
 
@@ -165,5 +193,32 @@ mod tests {
 
         let empty = tempfile::tempdir().unwrap();
         assert!(check_or_create(empty.path(), &id, false).is_err());
+    }
+
+    #[test]
+    fn cluster_id_adopted_then_enforced() {
+        let dir = tempfile::tempdir().unwrap();
+        let id = Identity {
+            node_id: 7,
+            group_count: 16,
+            cluster_id: None,
+        };
+        check_or_create(dir.path(), &id, true).unwrap();
+        // A cluster id is adopted once, then enforced.
+        let a = Identity {
+            cluster_id: Some("prod-a".into()),
+            ..id.clone()
+        };
+        check_or_create(dir.path(), &a, false).unwrap();
+        check_or_create(dir.path(), &a, false).unwrap();
+        check_or_create(dir.path(), &id, false).unwrap();
+        let b = Identity {
+            cluster_id: Some("prod-b".into()),
+            ..id.clone()
+        };
+        let err = check_or_create(dir.path(), &b, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("prod-a"), "{err}");
     }
 }

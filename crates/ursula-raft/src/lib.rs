@@ -2,12 +2,18 @@
 //!
 //! openraft (0.9) wiring for Ursula: a node runs `group_count` independent Raft groups (each
 //! replicating one [`ursula_core::GroupState`]), and every group logs to the node's single
-//! shared [`ursula_storage::Wal`], so appends of all groups share fsyncs. A single node is a
-//! one-voter cluster per group; peers come later by replacing [`network::SingleNodeNetwork`].
+//! shared [`ursula_storage::Wal`], so appends of all groups share fsyncs. A node without peers
+//! is a one-voter cluster per group; with peers ([`NodeConfig::peers`]) every node hosts a
+//! replica of every group, and the groups' RPCs travel over a [`Transport`] (HTTP in the server,
+//! [`testing::TestNetwork`] in tests; frame format in `wire.rs`). See `docs/cluster.md`.
 //!
 //! ## Facade
 //!
-//! [`Node::open`] recovers and starts everything; [`Node::propose`] replicates one
+//! [`Node::open`] recovers and starts everything; [`Node::leader_of`], [`Node::peer_url`],
+//! [`Node::ensure_linearizable`] and [`Node::wait_for_leaders`] answer who leads and make
+//! leader reads linearizable; a follower's proposal fails with
+//! [`ProposeError::ForwardToLeader`]; [`Node::handle_rpc`] takes a peer's RPC frame;
+//! [`Node::propose`] replicates one
 //! [`ursula_core::Command`] and returns what `GroupState::apply` answered, after the entry is
 //! durable, committed and applied; [`Node::read`] runs a closure over a group's applied
 //! state (the lock is never handed out) and [`Node::applied`] lets readers wait for changes; an [`ApplyListener`] in the [`NodeConfig`] hears which
@@ -25,9 +31,11 @@
 //! ## Data directory (format version 1)
 //!
 //! ```text
-//! {data_dir}/node.toml                   magic, format_version = 1, node_id, group_count
+//! {data_dir}/node.toml                   magic, format_version = 1, node_id, group_count,
+//!                                        optional cluster_id (adopted once, then enforced)
 //! {data_dir}/wal/                        the shared WAL (ursula-storage format)
 //! {data_dir}/snapshots/group-{g}.snap    ursula-storage snapshot file per group
+//! {data_dir}/snapshots/group-{g}.recv    a snapshot being received from the leader
 //! ```
 //!
 //! ### WAL records
@@ -47,8 +55,9 @@
 //!
 //! Recovery replays records in LSN order per group: an entry replaces any entry at or after its
 //! index, truncate and purge remove entries, the last vote and the highest purge win. The
-//! committed index is not logged: after a restart the single voter re-commits (and the state
-//! machine re-applies from its snapshot) before [`Node::open`] returns.
+//! committed index is not logged: after a restart a single voter re-commits (and the state
+//! machine re-applies from its snapshot) before [`Node::open`] returns; a node with peers
+//! learns the commit index from its group's leader.
 //!
 //! ### Segment GC
 //!
@@ -87,13 +96,16 @@ mod log_store;
 pub mod network;
 mod node;
 mod state_machine;
+pub mod testing;
 pub mod types;
+mod wire;
 
 pub use error::{ProposeError, RaftError};
 pub use identity::FORMAT_VERSION;
 pub use listener::ApplyListener;
 pub use log_store::LogStore;
-pub use node::{Node, NodeConfig};
+pub use network::{RpcFuture, Transport, TransportError};
+pub use node::{Node, NodeConfig, RaftTiming};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 pub use types::{Batch, BatchResponse, TypeConfig};
 pub use ursula_storage::WalOptions;

@@ -1,9 +1,21 @@
-//! The network of a single-node deployment: there are no peers, so every other node is
-//! unreachable. A real network replaces [`SingleNodeNetwork`] with an implementation of the same
-//! openraft traits; nothing else depends on it.
+//! The Raft network of a node: openraft's [`RaftNetworkFactory`]/[`RaftNetwork`] over a
+//! [`Transport`] that carries encoded frames (see `wire.rs`) to peers.
+//!
+//! The transport is the only part that knows how bytes travel: the server plugs in HTTP (one
+//! connection pool per peer, every group's RPCs over it), the tests an in-process network that
+//! can drop, delay and partition ([`crate::testing::TestNetwork`]). A node without peers has no
+//! transport; any RPC it would send fails as unreachable — the same code path, with no one to
+//! talk to.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::BasicNode;
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -11,60 +23,127 @@ use openraft::raft::{
 };
 
 use crate::types::{NodeId, TypeConfig};
+use crate::wire;
+
+/// Why a frame did not get an answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TransportError {
+    /// The peer could not be reached at all (no connection, unknown peer, partitioned): the
+    /// request was not delivered. openraft backs off before retrying.
+    #[error("peer {0} unreachable: {1}")]
+    Unreachable(NodeId, String),
+    /// The request may have been delivered but no (valid) answer came back in time.
+    #[error("rpc to peer {0} failed: {1}")]
+    Failed(NodeId, String),
+}
+
+/// A boxed future of one RPC.
+pub type RpcFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, TransportError>> + Send + 'a>>;
+
+/// Carries one encoded request frame to a peer and returns its encoded response frame.
+///
+/// Implementations keep their own connections (one pool per peer, shared by every group) and
+/// must give up after `timeout`.
+pub trait Transport: Send + Sync + 'static {
+    fn send(&self, target: NodeId, frame: Vec<u8>, timeout: Duration) -> RpcFuture<'_>;
+}
+
+/// The network factory of one group.
+#[derive(Clone)]
+pub struct Network {
+    group: u32,
+    transport: Option<Arc<dyn Transport>>,
+}
+
+impl Network {
+    pub(crate) fn new(group: u32, transport: Option<Arc<dyn Transport>>) -> Self {
+        Network { group, transport }
+    }
+}
+
+/// A group's client of one peer.
+pub struct PeerClient {
+    group: u32,
+    target: NodeId,
+    transport: Option<Arc<dyn Transport>>,
+}
 
 #[derive(Debug, thiserror::Error)]
-#[error("node {0} is unreachable: this node runs without a network")]
-struct NoNetwork(NodeId);
+#[error("{0}")]
+struct Msg(String);
 
-/// Connects to no one.
-#[derive(Clone, Debug, Default)]
-pub struct SingleNodeNetwork;
-
-/// A "connection" to a peer that always fails with [`Unreachable`].
-#[derive(Debug)]
-pub struct UnreachablePeer {
-    target: NodeId,
-}
-
-impl UnreachablePeer {
-    fn err<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        RPCError::Unreachable(Unreachable::new(&NoNetwork(self.target)))
-    }
-}
-
-impl RaftNetworkFactory<TypeConfig> for SingleNodeNetwork {
-    type Network = UnreachablePeer;
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Self::Network {
-        UnreachablePeer { target }
+        PeerClient {
+            group: self.group,
+            target,
+            transport: self.transport.clone(),
+        }
     }
 }
 
-impl RaftNetwork<TypeConfig> for UnreachablePeer {
+impl PeerClient {
+    async fn call<T, E>(
+        &self,
+        frame: Result<Vec<u8>, String>,
+        timeout: Duration,
+    ) -> Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        T: serde::de::DeserializeOwned,
+        E: std::error::Error + serde::de::DeserializeOwned,
+    {
+        let frame = frame.map_err(|e| RPCError::Network(NetworkError::new(&Msg(e))))?;
+        let Some(transport) = &self.transport else {
+            return Err(RPCError::Unreachable(Unreachable::new(&Msg(format!(
+                "node {} is unreachable: this node has no peers",
+                self.target
+            )))));
+        };
+        let answer = match transport.send(self.target, frame, timeout).await {
+            Ok(a) => a,
+            Err(e @ TransportError::Unreachable(..)) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&e)));
+            }
+            Err(e @ TransportError::Failed(..)) => {
+                return Err(RPCError::Network(NetworkError::new(&e)));
+            }
+        };
+        let result: Result<T, RaftError<NodeId, E>> = wire::decode_response(&answer)
+            .map_err(|e| RPCError::Network(NetworkError::new(&Msg(e))))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.err())
+        self.call(wire::encode_append(self.group, &rpc), option.hard_ttl())
+            .await
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        Err(self.err())
+        self.call(wire::encode_snapshot(self.group, &rpc), option.hard_ttl())
+            .await
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.err())
+        self.call(wire::encode_vote(self.group, &rpc), option.hard_ttl())
+            .await
     }
 }

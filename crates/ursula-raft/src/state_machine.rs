@@ -1,7 +1,7 @@
 //! Per-group state machine: applies committed batches to the shared [`GroupState`] and builds,
 //! stores and installs snapshots.
 
-use std::io::Cursor;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -98,17 +98,36 @@ impl SnapshotStore {
         Ok(())
     }
 
-    /// Reads and decodes the snapshot file (blocking).
-    fn read(&self) -> Result<Option<(SnapshotHeader, Vec<u8>)>, String> {
-        let Some(payload) =
-            snapshot_file::read_checked(self.fs.as_ref(), &self.path).map_err(|e| e.to_string())?
-        else {
-            return Ok(None);
+    /// Opens the snapshot file to send it (blocking): its header, and the file positioned at
+    /// its start. The open descriptor keeps this version readable even if a newer snapshot
+    /// replaces the file meanwhile; only a bounded prefix is read here.
+    fn open_for_send(&self) -> Result<Option<(SnapshotHeader, std::fs::File)>, String> {
+        let mut f = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", self.path.display())),
         };
-        let header = codec::decode_snapshot(&payload)?.header;
-        Ok(Some((header, payload)))
+        let mut head = [0u8; snapshot_file::HEADER_BYTES as usize];
+        f.read_exact(&mut head).map_err(|e| e.to_string())?;
+        let len = snapshot_file::parse_header(&head)?;
+        let mut prefix = Vec::new();
+        (&mut f)
+            .take(len.min(SNAPSHOT_HEADER_PREFIX))
+            .read_to_end(&mut prefix)
+            .map_err(|e| e.to_string())?;
+        let header = codec::decode_snapshot(&prefix)?.header;
+        f.seek(SeekFrom::Start(0)).map_err(|e| e.to_string())?;
+        Ok(Some((header, f)))
+    }
+
+    /// Where a snapshot from the leader is received, chunk by chunk.
+    fn recv_path(&self) -> PathBuf {
+        self.path.with_extension("recv")
     }
 }
+
+/// Bytes of a snapshot payload read to decode its header (membership, ids: far smaller).
+const SNAPSHOT_HEADER_PREFIX: u64 = 1 << 20;
 
 /// A group's state as loaded from its snapshot file at startup.
 pub(crate) struct Loaded {
@@ -309,16 +328,36 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError> {
+        let path = self.snapshots.recv_path();
+        let f = tokio::fs::File::create(&path)
+            .await
+            .map_err(|e| snapshot_error(None, format!("{}: {e}", path.display())))?;
+        Ok(Box::new(f))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError> {
-        let payload = snapshot.into_inner();
+        // The received file is a copy of the leader's snapshot file (checksummed blob): let
+        // every chunk reach it, then verify and decode it.
+        let mut snapshot = snapshot;
+        tokio::io::AsyncWriteExt::flush(&mut *snapshot)
+            .await
+            .map_err(|e| snapshot_error(Some(meta), e))?;
+        drop(snapshot);
+        let store = Arc::clone(&self.snapshots);
+        let recv = store.recv_path();
+        let payload = tokio::task::spawn_blocking(move || {
+            snapshot_file::read_checked(store.fs.as_ref(), &recv)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| "the received snapshot file is gone".to_string())
+        })
+        .await
+        .map_err(|e| snapshot_error(Some(meta), e))?
+        .map_err(|e| snapshot_error(Some(meta), e))?;
         let parts = codec::decode_snapshot(&payload).map_err(|e| snapshot_error(Some(meta), e))?;
         let state = parts
             .decode_state()
@@ -337,10 +376,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .map_err(|e| snapshot_error(Some(meta), e))?;
         let store = Arc::clone(&self.snapshots);
         let last = meta.last_log_id;
-        tokio::task::spawn_blocking(move || store.write(last, &file))
-            .await
-            .map_err(|e| snapshot_error(Some(meta), e))?
-            .map_err(|e| snapshot_error(Some(meta), e))?;
+        tokio::task::spawn_blocking(move || {
+            store.write(last, &file)?;
+            let _ = std::fs::remove_file(store.recv_path());
+            Ok::<(), String>(())
+        })
+        .await
+        .map_err(|e| snapshot_error(Some(meta), e))?
+        .map_err(|e| snapshot_error(Some(meta), e))?;
 
         *self.state.write().unwrap_or_else(|e| e.into_inner()) = state;
         self.last_applied = meta.last_log_id;
@@ -356,15 +399,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let store = Arc::clone(&self.snapshots);
-        let read = tokio::task::spawn_blocking(move || store.read())
+        let opened = tokio::task::spawn_blocking(move || store.open_for_send())
             .await
             .map_err(sm_error)?
             .map_err(|e| {
                 StorageError::from(StorageIOError::read_snapshot(None, AnyError::error(e)))
             })?;
-        Ok(read.map(|(header, payload)| Snapshot {
+        Ok(opened.map(|(header, file)| Snapshot {
             meta: meta_of(&header),
-            snapshot: Box::new(Cursor::new(payload)),
+            snapshot: Box::new(tokio::fs::File::from_std(file)),
         }))
     }
 }
@@ -438,15 +481,25 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .map_err(|e| snapshot_error(Some(&self.meta), e))?
         .map_err(|e| snapshot_error(Some(&self.meta), e))?;
         let payload = self.write_retrying(payload).await?;
+        let bytes = payload.len();
+        drop(payload);
         tracing::info!(
             group = self.snapshots.group,
             last = ?self.meta.last_log_id,
-            bytes = payload.len(),
+            bytes,
             "snapshot built"
         );
+        // openraft keeps only the meta of a built snapshot; replication opens the current file
+        // (`get_current_snapshot`). Hand back the file just written all the same.
+        let store = Arc::clone(&self.snapshots);
+        let opened = tokio::task::spawn_blocking(move || store.open_for_send())
+            .await
+            .map_err(|e| snapshot_error(Some(&self.meta), e))?
+            .map_err(|e| snapshot_error(Some(&self.meta), e))?
+            .ok_or_else(|| snapshot_error(Some(&self.meta), "the snapshot file is gone"))?;
         Ok(Snapshot {
             meta: self.meta.clone(),
-            snapshot: Box::new(Cursor::new(payload)),
+            snapshot: Box::new(tokio::fs::File::from_std(opened.1)),
         })
     }
 }

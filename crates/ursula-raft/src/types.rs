@@ -1,7 +1,5 @@
 //! The openraft type configuration shared by every group, and short aliases.
 
-use std::io::Cursor;
-
 use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
 use ursula_core::{Command, Response};
@@ -27,7 +25,9 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        // A snapshot travels as its file: openraft reads (and a receiver writes) one chunk at a
+        // time, so no side holds a whole snapshot in memory for the transfer.
+        SnapshotData = tokio::fs::File,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

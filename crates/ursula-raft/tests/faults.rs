@@ -27,6 +27,7 @@ fn config(dir: &Path, fs: &FaultyFs, fsync: bool, snapshot_logs: u64) -> NodeCon
         snapshot_logs,
         snapshot_min_log_bytes: 64 << 20,
         listener: None,
+        ..NodeConfig::new(dir)
     }
 }
 

@@ -22,6 +22,7 @@ fn config(dir: &Path) -> NodeConfig {
         snapshot_logs: 20_000,
         snapshot_min_log_bytes: 64 << 20,
         listener: None,
+        ..NodeConfig::new(dir)
     }
 }
 

@@ -24,6 +24,7 @@ fn config(dir: &Path, groups: u32, fsync: bool) -> NodeConfig {
         snapshot_logs: 20_000,
         snapshot_min_log_bytes: 64 << 20,
         listener: None,
+        ..NodeConfig::new(dir)
     }
 }
 
@@ -284,6 +285,7 @@ async fn snapshots_and_purges_keep_the_wal_bounded() {
         snapshot_logs: 20,
         snapshot_min_log_bytes: 64 << 20,
         listener: None,
+        ..NodeConfig::new(dir.path())
     };
     let node = open(cfg.clone()).await;
     let key = key_in_group(0, groups, 11);
@@ -441,6 +443,7 @@ async fn repeated_crashes_and_restarts_with_snapshots() {
         snapshot_logs: 10,
         snapshot_min_log_bytes: 64 << 20,
         listener: None,
+        ..NodeConfig::new(dir.path())
     };
     let keys: Vec<_> = (0..groups).map(|g| key_in_group(g, groups, 5)).collect();
     let mut expected = vec![0u64; groups as usize];

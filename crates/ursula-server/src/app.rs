@@ -80,7 +80,11 @@ impl App {
         // A write whose batch a full or stalled disk holds must not hang its client: after the
         // bound it answers that its outcome is unknown (it may still commit when the disk heals).
         let stall = Duration::from_millis(self.cfg.write_stall_timeout_ms.max(1));
-        let res = match tokio::time::timeout(stall, self.node.propose(group, cmd)).await {
+        // With peers, a request that reaches several groups (a bucket, a fork's pin) is proposed
+        // by each group's leader; a client's own write reached its leader already (http/leader.rs
+        // redirects it otherwise).
+        let res = match tokio::time::timeout(stall, self.node.propose_via_leader(group, cmd)).await
+        {
             Ok(res) => res,
             Err(_) => {
                 tracing::warn!(
@@ -106,6 +110,15 @@ impl App {
             Err(ProposeError::Unavailable(m)) => {
                 Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, m))
             }
+            // Leadership moved between the leader gate (http/leader.rs) and the proposal:
+            // nothing was logged; the client retries and is redirected.
+            Err(ProposeError::ForwardToLeader { leader }) => Err(ApiError::new(
+                ErrorCode::LEADER_UNAVAILABLE,
+                match leader {
+                    Some(l) => format!("this node no longer leads group {group}; node {l} does"),
+                    None => format!("raft group {group} is electing a leader; retry shortly"),
+                },
+            )),
             Err(ProposeError::OutcomeUnknown(m)) => {
                 tracing::error!(group, error = %m, "a write's outcome is unknown");
                 Err(ApiError::new(

@@ -13,7 +13,7 @@ const PROBE_INTERVAL: Duration = Duration::from_secs(10);
 /// a store that is down at boot must not keep the node (and its hot tier) down.
 pub async fn open(cfg: &Config) -> anyhow::Result<Option<Arc<dyn ColdStore>>> {
     let cold = &cfg.storage.cold;
-    let backend = cold.backend(false)?;
+    let backend = cold.backend(cfg.has_peers())?;
     let store = cold
         .open(&cfg.data_dir, false)
         .map_err(|e| anyhow::anyhow!("cannot set up the cold store: {e}"))?;

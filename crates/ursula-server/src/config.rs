@@ -56,6 +56,49 @@ pub struct Config {
     pub storage: StorageConfig,
     /// `[runtime]`.
     pub runtime: RuntimeConfig,
+    /// `[server]` (spec cluster.md §7.2): `listen` and `admin_listen` override the top-level
+    /// keys of the same name; `cluster_id` names the cluster.
+    pub server: ServerSection,
+    /// `[raft]` (spec cluster.md §5.1, §7.4): node identity and static membership.
+    pub raft: RaftSection,
+}
+
+/// `[server]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSection {
+    pub listen: Option<SocketAddr>,
+    pub admin_listen: Option<SocketAddr>,
+    /// Recorded in the data directory on first start; a node whose data directory belongs to
+    /// another cluster refuses to start. Default: unset (nothing checked).
+    pub cluster_id: Option<String>,
+}
+
+/// `[raft]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftSection {
+    /// This node's id (non-zero, one of `peers`); `--node-id` overrides. Default: 1 without
+    /// peers, required with peers.
+    pub node_id: Option<u64>,
+    /// Overrides the top-level `group_count`.
+    pub group_count: Option<u32>,
+    /// Bootstrap every group's voter set: first start of a fresh cluster only.
+    pub init_membership_per_group: bool,
+    /// Alias of `init_membership_per_group`.
+    pub init_membership: bool,
+    /// `[[raft.peers]]`: every voter, this node included. Empty: a one-node cluster.
+    pub peers: Vec<PeerConfig>,
+}
+
+/// `[[raft.peers]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    pub node_id: u64,
+    /// `http://host:port` of the peer's `listen` address: both the Raft transport's target
+    /// and the client-facing redirect target.
+    pub url: String,
 }
 
 /// `[runtime]`.
@@ -102,6 +145,80 @@ pub struct StorageConfig {
 }
 
 impl Config {
+    /// Whether this node runs with other voters.
+    pub fn has_peers(&self) -> bool {
+        self.raft.peers.len() > 1
+    }
+
+    /// This node's id (validated: non-zero).
+    pub fn node_id(&self) -> u64 {
+        self.raft.node_id.unwrap_or(1)
+    }
+
+    /// Bootstrap fresh groups on this start.
+    pub fn init_membership(&self) -> bool {
+        self.raft.init_membership_per_group || self.raft.init_membership
+    }
+
+    /// Peer id -> URL (without a trailing `/`).
+    pub fn peer_urls(&self) -> std::collections::BTreeMap<u64, String> {
+        self.raft
+            .peers
+            .iter()
+            .map(|p| (p.node_id, p.url.trim_end_matches('/').to_owned()))
+            .collect()
+    }
+
+    /// Folds the `[server]` and `[raft]` keys that override top-level ones into them.
+    pub fn resolve_sections(&mut self) {
+        if let Some(l) = self.server.listen {
+            self.listen = l;
+        }
+        if self.server.admin_listen.is_some() {
+            self.admin_listen = self.server.admin_listen;
+        }
+        if let Some(g) = self.raft.group_count {
+            self.group_count = g;
+        }
+    }
+
+    /// The membership checks of spec cluster.md §7.11.
+    fn validate_raft(&self) -> anyhow::Result<()> {
+        let r = &self.raft;
+        anyhow::ensure!(r.node_id != Some(0), "raft.node_id must be non-zero");
+        if r.peers.is_empty() {
+            return Ok(());
+        }
+        let id = r.node_id.ok_or_else(|| {
+            anyhow::anyhow!("raft.node_id (or --node-id) is required with raft.peers")
+        })?;
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &r.peers {
+            anyhow::ensure!(p.node_id != 0, "raft.peers: a node_id must be non-zero");
+            anyhow::ensure!(
+                seen.insert(p.node_id),
+                "raft.peers: node_id {} appears twice",
+                p.node_id
+            );
+            let authority = p
+                .url
+                .strip_prefix("http://")
+                .map(|rest| rest.trim_end_matches('/'));
+            anyhow::ensure!(
+                authority
+                    .is_some_and(|a| !a.contains('/') && crate::http::host::is_valid_authority(a)),
+                "raft.peers: url of node {} must be http://host:port, got {:?}",
+                p.node_id,
+                p.url
+            );
+        }
+        anyhow::ensure!(
+            seen.contains(&id),
+            "raft.node_id {id} is not one of raft.peers ({seen:?})"
+        );
+        Ok(())
+    }
+
     /// The cold tier's flush, GC and admission settings (`[storage.cold]`).
     pub fn tiering(&self) -> crate::tiering::TierConfig {
         let c = &self.storage.cold;
@@ -142,6 +259,8 @@ impl Default for Config {
             fsync: true,
             storage: StorageConfig::default(),
             runtime: RuntimeConfig::default(),
+            server: ServerSection::default(),
+            raft: RaftSection::default(),
         }
     }
 }
@@ -188,8 +307,17 @@ impl Config {
                 "public_url must be http://host[:port][/path] or https://..., got {u:?}"
             );
         }
-        // A node has no peers yet, so `local` is the default cold backend (OQ-107).
-        self.storage.cold.validate(false)?;
+        self.validate_raft()?;
+        // A multi-node cluster needs one cold store every node shares (spec cluster.md §1):
+        // `s3`, or `local` with `shared = true`; without peers `local` is the default (OQ-107).
+        self.storage.cold.validate(self.has_peers())?;
+        anyhow::ensure!(
+            !(self.has_peers()
+                && self.storage.cold.backend == Some(ursula_storage::cold::Backend::None)),
+            "storage.cold.backend = \"none\" is not allowed with raft.peers: a multi-node \
+             cluster needs one cold store every node shares (s3, or local with \
+             storage.cold.local.shared = true)"
+        );
         let budget = self.http_inflight_body_size;
         if budget > 0 {
             anyhow::ensure!(
@@ -199,7 +327,7 @@ impl Config {
                 self.max_request_bytes
             );
             let cold = !matches!(
-                self.storage.cold.backend(false),
+                self.storage.cold.backend(self.has_peers()),
                 Ok(ursula_storage::cold::Backend::None)
             );
             anyhow::ensure!(
@@ -236,6 +364,7 @@ mod tests {
         assert_eq!(Config::default().runtime.external_payload_min_size, 1 << 20);
         assert!(toml::from_str::<Config>("[runtime]\nbogus = 1\n").is_err());
         let s3: Config = toml::from_str("[storage.cold]\nbackend = \"s3\"\n").expect("parse s3");
+        assert!(toml::from_str::<Config>("[raft]\nbogus = 1").is_err());
         assert!(s3.validate().is_err(), "s3 without a bucket");
         assert!(
             Config {
@@ -261,5 +390,52 @@ mod tests {
         assert!(
             ok("http_inflight_body_size = 33554432\n[storage.cold]\nbackend = \"none\"\n").is_ok()
         );
+    }
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Config {
+        let mut c: Config = toml::from_str(text).expect("parse");
+        c.resolve_sections();
+        c
+    }
+
+    const PEERS: &str = "[[raft.peers]]\nnode_id = 1\nurl = \"http://127.0.0.1:4437\"\n\
+        [[raft.peers]]\nnode_id = 2\nurl = \"http://127.0.0.1:4447\"\n\
+        [[raft.peers]]\nnode_id = 3\nurl = \"http://127.0.0.1:4457\"\n";
+
+    #[test]
+    fn cluster_keys_and_start_up_errors() {
+        let shared = "[storage.cold]\nbackend = \"local\"\n[storage.cold.local]\npath = \"/tmp/c\"\nshared = true\n";
+        let c = parse(&format!(
+            "[server]\nlisten = \"127.0.0.1:4447\"\ncluster_id = \"c1\"\n\
+             [raft]\nnode_id = 2\ngroup_count = 8\ninit_membership_per_group = true\n{PEERS}{shared}"
+        ));
+        c.validate().expect("valid");
+        assert_eq!(c.listen.port(), 4447);
+        assert_eq!(c.group_count, 8);
+        assert_eq!(c.node_id(), 2);
+        assert!(c.has_peers() && c.init_membership());
+        assert_eq!(c.peer_urls()[&3], "http://127.0.0.1:4457");
+
+        let err = |text: String| parse(&text).validate().expect_err(&text).to_string();
+        assert!(err(format!("[raft]\nnode_id = 4\n{PEERS}{shared}")).contains("not one of"));
+        assert!(err(format!("[raft]\n{PEERS}{shared}")).contains("required"));
+        assert!(err("[raft]\nnode_id = 0\n".into()).contains("non-zero"));
+        let dup = PEERS.replace("node_id = 3", "node_id = 2");
+        assert!(err(format!("[raft]\nnode_id = 1\n{dup}{shared}")).contains("twice"));
+        let bad_url = PEERS.replace("http://127.0.0.1:4457", "127.0.0.1:4457");
+        assert!(err(format!("[raft]\nnode_id = 1\n{bad_url}{shared}")).contains("url"));
+        // A multi-node cluster needs a shared cold store.
+        assert!(err(format!("[raft]\nnode_id = 1\n{PEERS}")).contains("storage.cold"));
+        for backend in ["memory", "none"] {
+            let cold = format!("[storage.cold]\nbackend = \"{backend}\"\n");
+            let _ = err(format!("[raft]\nnode_id = 1\n{PEERS}{cold}"));
+        }
+        let unshared = "[storage.cold]\nbackend = \"local\"\n";
+        assert!(err(format!("[raft]\nnode_id = 1\n{PEERS}{unshared}")).contains("shared"));
     }
 }

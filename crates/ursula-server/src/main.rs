@@ -1,6 +1,7 @@
 //! `ursula`: the durable stream server.
 
 mod app;
+mod cluster;
 mod cold;
 mod cold_read;
 mod config;
@@ -119,6 +120,9 @@ struct ServerArgs {
     /// proposed (`runtime.external_payload_min_size`) [default: 1MiB].
     #[arg(long, env = "URSULA_EXTERNAL_PAYLOAD_MIN_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
     external_payload_min_size: Option<u64>,
+    /// This node's Raft id; overrides `raft.node_id`, so one config file serves every node.
+    #[arg(long, env = "URSULA_NODE_ID")]
+    node_id: Option<u64>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -130,6 +134,10 @@ impl ServerArgs {
             Some(p) => Config::from_file(p)?,
             None => Config::default(),
         };
+        c.resolve_sections();
+        if self.node_id.is_some() {
+            c.raft.node_id = self.node_id;
+        }
         if let Some(v) = self.listen {
             c.listen = v;
         }
@@ -207,9 +215,22 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let cold_store = cold::open(&cfg).await?;
     let watchers = watchers::Watchers::new(cfg.group_count);
+    let peers = if cfg.raft.peers.is_empty() {
+        Default::default()
+    } else {
+        cfg.peer_urls()
+    };
+    let transport: Option<std::sync::Arc<dyn ursula_raft::Transport>> = if cfg.has_peers() {
+        Some(std::sync::Arc::new(cluster::HttpTransport::new(
+            cfg.node_id(),
+            &peers,
+        )?))
+    } else {
+        None
+    };
     let node = ursula_raft::Node::open(ursula_raft::NodeConfig {
         data_dir: cfg.data_dir.clone(),
-        node_id: 1,
+        node_id: cfg.node_id(),
         group_count: cfg.group_count,
         wal: ursula_storage::WalOptions {
             fsync: cfg.fsync,
@@ -224,6 +245,11 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
             64 << 20
         },
         listener: Some(watchers.clone()),
+        peers,
+        transport,
+        init_membership: cfg.init_membership(),
+        cluster_id: cfg.server.cluster_id.clone(),
+        ..ursula_raft::NodeConfig::new(cfg.data_dir.clone())
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;
@@ -262,6 +288,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     parts::spawn_sweep(&app);
     external::spawn_sweep(&app);
     tokio::spawn(fail_stop_on_storage_failure(node.clone()));
+    if node.has_peers() {
+        tokio::spawn(report_leaders(node.clone()));
+    }
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();
         let stopped = async move {
@@ -287,6 +316,30 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     node.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// With peers the node serves before its groups have leaders (their elections need the peers'
+/// RPCs); this logs once when every group has one, or which have none after a while
+/// (readiness reports them meanwhile).
+async fn report_leaders(node: std::sync::Arc<ursula_raft::Node>) {
+    let started = std::time::Instant::now();
+    let leaderless = node
+        .wait_for_leaders(std::time::Duration::from_secs(30))
+        .await;
+    if leaderless.is_empty() {
+        tracing::info!(
+            node_id = node.node_id(),
+            leading = node.led_groups().len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "every raft group has a leader"
+        );
+    } else {
+        tracing::warn!(
+            node_id = node.node_id(),
+            ?leaderless,
+            "raft groups without a leader after 30 s (are the peers up?)"
+        );
+    }
 }
 
 /// Fail-stop (docs/storage.md): once the WAL failed (a sync or write error), the node takes no

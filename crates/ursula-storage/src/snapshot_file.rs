@@ -71,6 +71,25 @@ pub fn write_atomic(fs: &dyn FileSystem, path: &Path, payload: &[u8]) -> Result<
     Ok(result?)
 }
 
+/// Bytes in front of the payload of a blob file.
+pub const HEADER_BYTES: u64 = HEADER_LEN as u64;
+
+/// Checks the first [`HEADER_BYTES`] of a blob file (magic, version) and returns the payload
+/// length it announces. The checksum is not verified: that needs the whole payload
+/// ([`read_checked`]); this is for streaming a file elsewhere, where it is verified on arrival.
+pub fn parse_header(header: &[u8]) -> Result<u64, String> {
+    if header.len() < HEADER_LEN || header.get(0..8) != Some(&MAGIC[..]) {
+        return Err("bad snapshot magic".into());
+    }
+    let version = read_u32(header, 8).unwrap_or(0);
+    if version != VERSION {
+        return Err(format!(
+            "unsupported snapshot format version {version} (expected {VERSION})"
+        ));
+    }
+    read_u64(header, 12).ok_or_else(|| "truncated snapshot header".into())
+}
+
 /// Reads a blob written by [`write_atomic`]. `Ok(None)` if the file does not exist;
 /// [`WalError::Corrupt`] if the magic, version, length or checksum is wrong.
 pub fn read_checked(fs: &dyn FileSystem, path: &Path) -> Result<Option<Vec<u8>>, WalError> {

@@ -131,12 +131,9 @@ fn deliver(
             );
             ProposeError::Storage("the state machine answered the wrong number of responses".into())
         }
-        Ok(Err(ClientWriteError::ForwardToLeader(f))) => {
-            ProposeError::Unavailable(match f.leader_id {
-                Some(l) => format!("this node does not lead group {group}; node {l} does"),
-                None => format!("group {group} has no leader"),
-            })
-        }
+        Ok(Err(ClientWriteError::ForwardToLeader(f))) => ProposeError::ForwardToLeader {
+            leader: f.leader_id.filter(|&l| l != raft_id(raft)),
+        },
         Ok(Err(e)) => ProposeError::Unavailable(e.to_string()),
         // The core stopped with this batch accepted: if the WAL failed, the batch may have
         // been in the failed sync (the core may report its error only after this).
@@ -148,4 +145,8 @@ fn deliver(
     for tx in txs {
         let _ = tx.send(Err(err.clone()));
     }
+}
+
+fn raft_id(raft: &Raft) -> u64 {
+    raft.metrics().borrow().id
 }

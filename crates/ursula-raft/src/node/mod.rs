@@ -18,19 +18,23 @@ use crate::error::{ProposeError, RaftError};
 use crate::identity::{self, Identity};
 use crate::listener::ApplyListener;
 use crate::log_store::{GroupLog, LogInner, LogStore, Marks};
-use crate::network::SingleNodeNetwork;
+use crate::network::{Network, Transport};
 use crate::state_machine::{self, Loaded, SnapshotStore, StateMachine};
 use crate::types::{Batch, Raft};
 
 mod batcher;
+mod cluster;
 mod open;
+mod rpc;
 mod upkeep;
+
+pub use cluster::RaftTiming;
 
 use batcher::run_batcher;
 use open::{recover, start_groups};
 use upkeep::Upkeep;
 
-/// How long `open` waits for this node to lead (and catch up) every group.
+/// How long `open` of a node without peers waits for it to lead (and catch up) every group.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upper bounds of one proposal batch (one Raft entry).
 const MAX_BATCH_COMMANDS: usize = 4096;
@@ -47,6 +51,8 @@ const QUEUE_CAPACITY: usize = 16 * 1024;
 const UPKEEP_INTERVAL: Duration = Duration::from_millis(500);
 /// Upkeep triggers at most one snapshot per group per this interval.
 const SNAPSHOT_TRIGGER_BACKOFF: Duration = Duration::from_secs(1);
+/// Largest snapshot chunk per install-snapshot RPC.
+const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 /// How long `shutdown` waits for queued proposals to drain.
 const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -72,6 +78,19 @@ pub struct NodeConfig {
     pub snapshot_min_log_bytes: u64,
     /// Hears which streams each applied batch may have changed (live readers).
     pub listener: Option<Arc<dyn ApplyListener>>,
+    /// Every voter of the cluster, this node included: node id -> peer URL (client-facing
+    /// redirect target). Empty (or only this node) = a one-voter cluster.
+    pub peers: BTreeMap<u64, String>,
+    /// Carries RPCs to the other peers; required when there are any.
+    pub transport: Option<Arc<dyn Transport>>,
+    /// Bootstrap every uninitialized group's voter set (all peers) on this start. Set on the
+    /// first start of a fresh cluster only. A node without peers always bootstraps its groups.
+    pub init_membership: bool,
+    /// The cluster this data directory belongs to: recorded on first start, a mismatch refuses
+    /// to open. `None` checks nothing (and records nothing).
+    pub cluster_id: Option<String>,
+    /// Election and heartbeat timing.
+    pub timing: RaftTiming,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -84,6 +103,11 @@ impl std::fmt::Debug for NodeConfig {
             .field("snapshot_logs", &self.snapshot_logs)
             .field("snapshot_min_log_bytes", &self.snapshot_min_log_bytes)
             .field("listener", &self.listener.is_some())
+            .field("peers", &self.peers)
+            .field("transport", &self.transport.is_some())
+            .field("init_membership", &self.init_membership)
+            .field("cluster_id", &self.cluster_id)
+            .field("timing", &self.timing)
             .finish()
     }
 }
@@ -99,6 +123,11 @@ impl NodeConfig {
             snapshot_logs: 20_000,
             snapshot_min_log_bytes: 64 << 20,
             listener: None,
+            peers: BTreeMap::new(),
+            transport: None,
+            init_membership: false,
+            cluster_id: None,
+            timing: RaftTiming::default(),
         }
     }
 }
@@ -121,6 +150,10 @@ struct Group {
 /// A running node: one openraft instance per group, all logging to one WAL.
 pub struct Node {
     node_id: u64,
+    /// Voters other than this node's own entry included (id -> URL); empty without peers.
+    peers: BTreeMap<u64, String>,
+    /// Carries RPCs to peers (cross-group proposals; openraft has its own clones).
+    transport: Option<Arc<dyn Transport>>,
     groups: Vec<Group>,
     wal: Wal,
     closing: AtomicBool,
@@ -141,9 +174,16 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// Opens (or creates) the data directory, recovers every group from its snapshot and the
-    /// WAL, starts the groups, initializes a single-voter membership on first boot, and waits
-    /// until this node leads every group and has applied its whole log.
+    /// WAL, starts the groups and bootstraps the voter set of fresh groups (always without
+    /// peers, with `init_membership` with peers).
+    ///
+    /// Without peers it then waits until this node leads every group and has applied its whole
+    /// log. With peers it returns as soon as the groups run: the peers' RPCs can only reach a
+    /// node that serves them, so the caller starts serving and then waits as long as it likes
+    /// ([`Node::wait_for_leaders`]); groups without a leader show in
+    /// [`Node::leaderless_groups`].
     pub async fn open(cfg: NodeConfig) -> Result<Arc<Node>, RaftError> {
+        cluster::validate(&cfg)?;
         if cfg.group_count == 0 {
             return Err(RaftError::Config("group_count must be at least 1".into()));
         }
@@ -211,6 +251,8 @@ impl Node {
         tasks.push(tokio::spawn(upkeep.run(stop.subscribe())));
         let node = Node {
             node_id: cfg.node_id,
+            peers: cfg.peers.clone(),
+            transport: cfg.transport.clone(),
             groups,
             wal,
             closing: AtomicBool::new(false),
@@ -263,6 +305,9 @@ impl Node {
             return Err(ProposeError::InsufficientStorage(
                 "the disk is full; writes resume by themselves once space is free".into(),
             ));
+        }
+        if let Some(leader) = self.not_leading(group) {
+            return Err(ProposeError::ForwardToLeader { leader });
         }
         let size = approx_size(&cmd);
         if size > MAX_COMMAND_BYTES {

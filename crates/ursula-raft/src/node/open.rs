@@ -42,6 +42,7 @@ pub(super) fn recover(cfg: &NodeConfig) -> Result<Recovered, RaftError> {
         &Identity {
             node_id: cfg.node_id,
             group_count: cfg.group_count,
+            cluster_id: cfg.cluster_id.clone(),
         },
         fresh,
     )?;
@@ -119,12 +120,18 @@ pub(super) fn recover(cfg: &NodeConfig) -> Result<Recovered, RaftError> {
     })
 }
 
-fn raft_config(group: u32, snapshot_logs: u64) -> Result<openraft::Config, RaftError> {
+fn raft_config(
+    group: u32,
+    snapshot_logs: u64,
+    timing: RaftTiming,
+) -> Result<openraft::Config, RaftError> {
     openraft::Config {
         cluster_name: format!("ursula-group-{group}"),
-        heartbeat_interval: 50,
-        election_timeout_min: 150,
-        election_timeout_max: 300,
+        heartbeat_interval: timing.heartbeat_ms,
+        election_timeout_min: timing.election_min_ms,
+        election_timeout_max: timing.election_max_ms,
+        // One chunk per RPC: the sender reads the snapshot a chunk at a time.
+        snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
         install_snapshot_timeout: 10_000,
         max_payload_entries: 4096,
         replication_lag_threshold: snapshot_logs.saturating_mul(2),
@@ -193,11 +200,11 @@ pub(super) async fn start_groups(
             Arc::clone(&snapshots),
         )
         .with_listener(cfg.listener.clone());
-        let config = Arc::new(raft_config(group, cfg.snapshot_logs)?);
+        let config = Arc::new(raft_config(group, cfg.snapshot_logs, cfg.timing)?);
         let raft = Raft::new(
             cfg.node_id,
             config,
-            SingleNodeNetwork,
+            Network::new(group, cfg.transport.clone()),
             LogStore::new(Arc::clone(&log)),
             sm,
         )
@@ -214,20 +221,33 @@ pub(super) async fn start_groups(
         ));
     }
 
+    // Without peers this node is the only voter and always bootstraps; with peers only a first
+    // start of a fresh cluster does (every node with the same voter set, which openraft allows).
+    let voters: BTreeMap<u64, BasicNode> = if cfg.peers.is_empty() {
+        BTreeMap::from([(cfg.node_id, BasicNode::new(""))])
+    } else {
+        cfg.peers
+            .iter()
+            .map(|(&id, url)| (id, BasicNode::new(url)))
+            .collect()
+    };
+    let single = voters.len() == 1;
     for (group, (raft, _)) in out.iter().enumerate() {
         let group = group as u32;
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| group_err(group, e))?;
-        if !initialized {
-            let members = BTreeMap::from([(cfg.node_id, BasicNode::new(""))]);
-            match raft.initialize(members).await {
-                Ok(()) => tracing::info!(group, "initialized single-voter membership"),
+        if !initialized && (single || cfg.init_membership) {
+            match raft.initialize(voters.clone()).await {
+                Ok(()) => tracing::info!(group, voters = voters.len(), "initialized membership"),
                 Err(openraft::error::RaftError::APIError(InitializeError::NotAllowed(_))) => {}
                 Err(e) => return Err(group_err(group, e)),
             }
         }
+    }
+    if !single {
+        return Ok((purged, head));
     }
 
     let me = cfg.node_id;

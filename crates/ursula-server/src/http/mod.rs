@@ -9,6 +9,7 @@ pub mod budget;
 pub mod error;
 pub mod headers;
 pub mod host;
+pub mod leader;
 pub mod long_poll;
 pub mod ops;
 pub mod parts;
@@ -44,6 +45,9 @@ Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Ma
 /// Answers one request.
 pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
     inc(&app.metrics.requests, 1);
+    if req.uri().path() == crate::cluster::RAFT_PATH {
+        return crate::cluster::serve_rpc(&app, req).await;
+    }
     let origin = req.headers().get(header::ORIGIN).cloned();
     let mut resp = if let Err(e) = host::check(&app, &req) {
         error::render(e)
@@ -145,6 +149,33 @@ pub fn not_found() -> ApiError {
 
 async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
     let route = path::route(req.uri().path())?;
+    if let Route::Stream(target, sub) = &route {
+        match leader::gate(app, target, sub.as_ref(), &req) {
+            leader::Gate::Lead => {}
+            leader::Gate::LeadRead(group) => {
+                if let Some(r) = leader::confirm_leader_read(app, group, req.uri()).await {
+                    return Ok(r);
+                }
+            }
+            leader::Gate::Answer(r) => {
+                leader::discard_body(app, req).await;
+                return Ok(r);
+            }
+            leader::Gate::FollowerRead(group) => {
+                let uri = req.uri().clone();
+                return Ok(match route_request(app, route, req).await {
+                    Ok(resp) => leader::after_follower_read(app, group, &uri, resp),
+                    // An error on a replica (a stream it has not applied yet) is the leader's
+                    // to answer.
+                    Err(_) => leader::redirect(app, group, &uri),
+                });
+            }
+        }
+    }
+    route_request(app, route, req).await
+}
+
+async fn route_request(app: &Arc<App>, route: Route, req: Request<Body>) -> ApiResult {
     let method = req.method().clone();
     match route {
         Route::NotFound => Err(not_found()),

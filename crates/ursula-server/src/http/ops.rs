@@ -112,6 +112,17 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
             app.node.leaderless_groups().len() as u64,
         ),
         (
+            "ursula_raft_groups_led",
+            "gauge",
+            app.node.led_groups().len() as u64,
+        ),
+        ("ursula_raft_node_id", "gauge", app.node.node_id()),
+        (
+            "ursula_raft_voters",
+            "gauge",
+            app.node.peers().len().max(1) as u64,
+        ),
+        (
             "ursula_wal_sync_failures_total",
             "counter",
             faults.sync_failures,

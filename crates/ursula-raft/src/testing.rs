@@ -1,0 +1,186 @@
+//! An in-process network for cluster tests: every node of one process, with faults.
+//!
+//! Frames go through the same encoding as on the real cluster plane and are handed to the
+//! target's [`Node::handle_rpc`]. A test can cut links (partitions, an isolated node), delay
+//! every message, and drop a share of requests or answers (a dropped answer means the request
+//! *was* handled, as when a connection breaks after sending).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::network::{RpcFuture, Transport, TransportError};
+use crate::node::Node;
+use crate::types::NodeId;
+
+#[derive(Default)]
+struct Faults {
+    /// Directed links that carry nothing.
+    cut: HashSet<(NodeId, NodeId)>,
+    delay: Duration,
+    /// Per mille of requests (and, separately, of answers) lost.
+    drop_per_mille: u32,
+    rng: u64,
+}
+
+impl Faults {
+    fn roll(&mut self) -> bool {
+        if self.drop_per_mille == 0 {
+            return false;
+        }
+        // xorshift64*: deterministic per seed, no dependency.
+        let mut x = self.rng.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) % 1000 < u64::from(self.drop_per_mille)
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    nodes: Mutex<HashMap<NodeId, Weak<Node>>>,
+    faults: Mutex<Faults>,
+}
+
+/// The network shared by the nodes of one test.
+#[derive(Clone, Default)]
+pub struct TestNetwork {
+    inner: Arc<Inner>,
+}
+
+struct TestTransport {
+    from: NodeId,
+    inner: Arc<Inner>,
+}
+
+impl TestNetwork {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The transport node `from` sends with.
+    pub fn transport(&self, from: NodeId) -> Arc<dyn Transport> {
+        Arc::new(TestTransport {
+            from,
+            inner: Arc::clone(&self.inner),
+        })
+    }
+
+    /// Makes `node` reachable (after [`Node::open`]).
+    pub fn register(&self, node: &Arc<Node>) {
+        self.lock_nodes()
+            .insert(node.node_id(), Arc::downgrade(node));
+    }
+
+    /// Makes node `id` unreachable, as if its process died.
+    pub fn unregister(&self, id: NodeId) {
+        self.lock_nodes().remove(&id);
+    }
+
+    /// Splits the nodes into sides that cannot reach each other (nodes not named keep every
+    /// link). Replaces any earlier cuts.
+    pub fn partition(&self, sides: &[&[NodeId]]) {
+        let mut f = self.lock_faults();
+        f.cut.clear();
+        for (i, a) in sides.iter().enumerate() {
+            for (j, b) in sides.iter().enumerate() {
+                if i != j {
+                    for &x in *a {
+                        for &y in *b {
+                            f.cut.insert((x, y));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cuts node `id` off from `others`.
+    pub fn isolate(&self, id: NodeId, others: &[NodeId]) {
+        let mut f = self.lock_faults();
+        for &o in others {
+            f.cut.insert((id, o));
+            f.cut.insert((o, id));
+        }
+    }
+
+    /// Restores every link (delay and loss stay as set).
+    pub fn heal(&self) {
+        self.lock_faults().cut.clear();
+    }
+
+    /// Delays every request by `delay` (and so every answer by as much again).
+    pub fn set_delay(&self, delay: Duration) {
+        self.lock_faults().delay = delay;
+    }
+
+    /// Loses `per_mille` of requests and of answers, drawn from `seed`.
+    pub fn set_loss(&self, per_mille: u32, seed: u64) {
+        let mut f = self.lock_faults();
+        f.drop_per_mille = per_mille.min(1000);
+        f.rng = seed;
+    }
+
+    fn lock_nodes(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Weak<Node>>> {
+        self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.inner.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Inner {
+    /// Whether the link is cut, a random loss, and the delay.
+    fn fate(&self, from: NodeId, to: NodeId) -> (bool, Duration) {
+        let mut f = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        let lost = f.cut.contains(&(from, to)) || f.roll();
+        (lost, f.delay)
+    }
+
+    fn node(&self, id: NodeId) -> Option<Arc<Node>> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .and_then(Weak::upgrade)
+    }
+}
+
+impl Transport for TestTransport {
+    fn send(&self, target: NodeId, frame: Vec<u8>, timeout: Duration) -> RpcFuture<'_> {
+        Box::pin(async move {
+            let work = async {
+                let (lost, delay) = self.inner.fate(self.from, target);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if lost {
+                    return Err(TransportError::Unreachable(target, "link down".into()));
+                }
+                let node = self
+                    .inner
+                    .node(target)
+                    .ok_or_else(|| TransportError::Unreachable(target, "not running".into()))?;
+                let answer = node
+                    .handle_rpc(&frame)
+                    .await
+                    .map_err(|e| TransportError::Failed(target, e))?;
+                drop(node);
+                let (lost, delay) = self.inner.fate(target, self.from);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if lost {
+                    return Err(TransportError::Failed(target, "answer lost".into()));
+                }
+                Ok(answer)
+            };
+            tokio::time::timeout(timeout, work)
+                .await
+                .unwrap_or_else(|_| Err(TransportError::Failed(target, "timed out".into())))
+        })
+    }
+}
