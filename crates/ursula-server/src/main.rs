@@ -10,6 +10,7 @@ mod http;
 mod metrics;
 mod parse_errors;
 mod parts;
+mod raft_metrics;
 mod server;
 mod snapshot_store;
 mod tiering;

@@ -266,6 +266,47 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         Some(procs[lead].id.to_string().as_str())
     );
 
+    // Per-group Raft metrics: the leader reports itself leader of some group, and the lag of
+    // both peers there; a follower reports who leads.
+    let prom = |i: usize| {
+        try_request(
+            procs[i].addr(),
+            "GET",
+            "/__ursula/metrics/prometheus",
+            &[],
+            b"",
+            T,
+        )
+        .unwrap()
+        .text()
+    };
+    let lead_text = prom(lead);
+    assert!(
+        lead_text.contains("ursula_raft_group_role{group="),
+        "{lead_text}"
+    );
+    assert!(
+        lead_text
+            .lines()
+            .any(|l| l.starts_with("ursula_raft_group_role{") && l.ends_with(" 2")),
+        "the leader leads no group: {lead_text}"
+    );
+    let peers_lagged = lead_text
+        .lines()
+        .filter(|l| l.starts_with("ursula_raft_group_replication_lag{"))
+        .count();
+    assert!(
+        peers_lagged >= 2,
+        "no replication lag per peer: {lead_text}"
+    );
+    let id = procs[lead].id.to_string();
+    assert!(
+        prom(follower)
+            .lines()
+            .any(|l| l.starts_with("ursula_raft_group_leader{") && l.ends_with(&format!(" {id}"))),
+        "the follower does not know the leader"
+    );
+
     // A bucket is replicated to every group, whatever node leads each: any node creates it.
     let r = try_request(procs[follower].addr(), "PUT", "/clusbucket", &[], b"", T).unwrap();
     assert_eq!(

@@ -343,6 +343,15 @@ impl Node {
         f(&guard)
     }
 
+    /// Role, term, leader, log positions and (on a leader) replication lag of `group`.
+    ///
+    /// # Panics
+    /// If `group >= self.group_count()`.
+    pub fn group_metrics(&self, group: u32) -> crate::GroupMetrics {
+        let m = self.groups[group as usize].raft.metrics().borrow().clone();
+        crate::metrics::of(group, &m)
+    }
+
     /// The last applied log index of `group`; changes after every applied batch.
     ///
     /// # Panics

@@ -2,6 +2,7 @@
 
 use super::{ApiResult, not_found};
 use crate::app::App;
+use crate::raft_metrics;
 use axum::body::Body;
 use http::{HeaderValue, Method, Response, StatusCode};
 use std::sync::Arc;
@@ -12,14 +13,15 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     }
     let path: Vec<&str> = segs.iter().map(String::as_str).collect();
     let (status, body, ct) = match path.as_slice() {
-        ["metrics"] => (
-            StatusCode::OK,
-            app.metrics.json(&extra_metrics(app)).to_string(),
-            "application/json",
-        ),
+        ["metrics"] => {
+            let mut j = app.metrics.json(&extra_metrics(app));
+            j["raft_groups"] = raft_metrics::json(&raft_metrics::rows(app));
+            (StatusCode::OK, j.to_string(), "application/json")
+        }
         ["metrics", "prometheus"] => (
             StatusCode::OK,
-            app.metrics.prometheus(&extra_metrics(app)),
+            app.metrics.prometheus(&extra_metrics(app))
+                + &raft_metrics::prometheus(&raft_metrics::rows(app)),
             "text/plain; version=0.0.4",
         ),
         ["health"] => (
