@@ -14,10 +14,13 @@ pub fn rows(app: &App) -> Vec<GroupRow> {
         .collect()
 }
 
+/// A per-group gauge: name, help, value (if the group has one).
+type Gauge = (&'static str, &'static str, fn(&GroupRow) -> Option<u64>);
+
 /// The rows in the Prometheus text format.
 pub fn prometheus(rows: &[GroupRow]) -> String {
     let mut out = String::new();
-    let gauges: [(&str, &str, fn(&GroupRow) -> Option<u64>); 6] = [
+    let gauges: [Gauge; 6] = [
         (
             "ursula_raft_group_role",
             "0 follower, 1 candidate, 2 leader, 3 learner, 4 shut down",
