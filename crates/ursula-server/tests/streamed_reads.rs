@@ -1,6 +1,7 @@
 //! A catch-up body streamed from the cold tier piece by piece: when GC deletes the objects
 //! of a stream under a body still being sent (the stream was deleted) and a new stream is
-//! created under the same name, the rest of the body is never the new stream's bytes.
+//! created under the same name, the rest of the body is never the new stream's bytes; and a
+//! read that starts in hot bytes before a cold piece still answers a failing store with `502`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
@@ -105,4 +106,37 @@ fn a_streamed_body_never_continues_with_a_recreated_streams_bytes() {
         body.len() < old.len(),
         "the whole body arrived although its objects were deleted"
     );
+}
+
+#[test]
+fn a_failing_store_answers_502_even_when_the_read_starts_in_hot_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nbackend = \"local\"\nflush_size = \"64MiB\"\n\
+         max_hot_size_per_group = \"64MiB\"\nflush_interval = \"50ms\"\n",
+    )
+    .unwrap();
+    let s = Server::start_in_with_args(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap(), "--group-count", "1"],
+    );
+    // Hot bytes, then an external payload (in the cold store), then hot bytes.
+    assert_eq!(s.put("/srbk/x", OCTET, b"before").status, 201);
+    let large = pattern(3, 2 * 1024 * 1024);
+    assert_eq!(s.post("/srbk/x", OCTET, &large).status, 204);
+    assert_eq!(s.post("/srbk/x", OCTET, b"after").status, 204);
+    let mut want = b"before".to_vec();
+    want.extend_from_slice(&large);
+    want.extend_from_slice(b"after");
+    let r = s.get("/srbk/x");
+    assert_eq!(r.status, 200);
+    assert!(r.body == want);
+    // The store goes away: its directory is replaced by a file.
+    let cold = tmp.path().join("data/cold");
+    std::fs::rename(&cold, tmp.path().join("cold.away")).unwrap();
+    std::fs::write(&cold, b"not a directory").unwrap();
+    let r = s.get("/srbk/x");
+    common::assert_error(&r, 502, "COLD_STORE_FAILED");
 }

@@ -248,8 +248,25 @@ pub async fn body(mut p: Pieces, array: bool) -> Result<(Body, Option<u64>), Api
         let b = p.next().await?.unwrap_or_default();
         return Ok((Body::from(b), Some(len)));
     }
-    let first = if p.all_hot() { None } else { p.next().await? };
-    let head = futures::stream::iter(first.map(Ok));
+    // Up to and including the first cold piece (hot pieces before it, e.g. bytes before an
+    // external payload, are shared memory), so that a failing store answers before the
+    // answer starts.
+    let mut first = Vec::new();
+    while !p.all_hot() {
+        let cold_next = p
+            .plan
+            .iter()
+            .find(|(_, x)| !matches!(x, Piece::Hot(b) if b.is_empty()))
+            .is_some_and(|(_, x)| matches!(x, Piece::Cold { .. }));
+        match p.next().await? {
+            Some(b) => first.push(Ok(b)),
+            None => break,
+        }
+        if cold_next {
+            break;
+        }
+    }
+    let head = futures::stream::iter(first);
     if !array {
         let s = head.chain(p.into_stream());
         return Ok((Body::from_stream(s), Some(len)));
