@@ -100,7 +100,7 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
         scan.end_body();
     }
     let mut scanned = 0usize;
-    let mut pass = Pieces::new(app, key, plan.start, plan.tail)?;
+    let mut pass = Pieces::pinned(app, key, plan.incarnation, plan.start, plan.tail)?;
     while let Some(piece) = pass.next().await? {
         scan.feed(&piece);
         scanned += piece.len();
@@ -110,7 +110,7 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
         }
     }
     taken.extend(scan.into_found());
-    let updates = Pieces::new(app, key, plan.start, plan.tail)?;
+    let updates = Pieces::pinned(app, key, plan.incarnation, plan.start, plan.tail)?;
     if touch {
         read::touch_if_due(app, key, &v).await;
     }

@@ -92,10 +92,11 @@ pub fn after_follower_read(app: &App, group: u32, uri: &http::Uri, resp: Resp) -
 /// Reads and drops the body of a request answered with a redirect before it was read, so that
 /// the client finishes sending and reads the answer (a client still writing a body the node
 /// stopped reading gets a broken pipe instead). Bounded by `max_request_bytes` and the body
-/// time-out; a larger body is not read (the connection closes after the answer).
+/// time-out; a larger body is not read (the connection closes after the answer). Frames are
+/// dropped as they arrive (never collected: the node's body budget does not cover them).
 pub async fn discard_body(app: &App, req: Request<Body>) {
-    use http_body_util::{BodyExt, Limited};
-    let limit = usize::try_from(app.cfg.max_request_bytes).unwrap_or(usize::MAX);
+    use http_body_util::BodyExt;
+    let limit = app.cfg.max_request_bytes;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -105,7 +106,17 @@ pub async fn discard_body(app: &App, req: Request<Body>) {
         return;
     }
     let timeout = std::time::Duration::from_millis(app.cfg.body_timeout_ms.max(1));
-    let _ = tokio::time::timeout(timeout, Limited::new(req.into_body(), limit).collect()).await;
+    let drain = async {
+        let mut body = req.into_body();
+        let mut seen = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if seen > limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, drain).await;
 }
 
 /// `307` to the leader of `group`, or `503 LEADER_UNAVAILABLE` (`Retry-After: 1`).

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use ursula_core::cold::Piece;
+use ursula_core::ids::Incarnation;
 use ursula_core::{ErrorCode, StreamKey};
 
 /// The most cold bytes fetched at once for one reader.
@@ -32,18 +33,43 @@ pub struct Pieces {
     end: u64,
     plan: VecDeque<(u32, Piece)>,
     replans: u32,
+    /// The incarnation of `key` the read is of: a re-plan never reads another one.
+    incarnation: Option<Incarnation>,
 }
 
 impl Pieces {
     /// Plans the read (`410 STREAM_GONE` if the bytes are no longer held).
     pub fn new(app: &Arc<App>, key: &StreamKey, start: u64, end: u64) -> Result<Self, ApiError> {
+        Self::planned(app, key, None, start, end)
+    }
+
+    /// [`Pieces::new`] of the stream's `incarnation` only (`410` if `key` is another one now).
+    pub fn pinned(
+        app: &Arc<App>,
+        key: &StreamKey,
+        incarnation: Incarnation,
+        start: u64,
+        end: u64,
+    ) -> Result<Self, ApiError> {
+        Self::planned(app, key, Some(incarnation), start, end)
+    }
+
+    fn planned(
+        app: &Arc<App>,
+        key: &StreamKey,
+        incarnation: Option<Incarnation>,
+        start: u64,
+        end: u64,
+    ) -> Result<Self, ApiError> {
+        let (pieces, incarnation) = plan(app, key, incarnation, start, end)?;
         Ok(Pieces {
-            plan: plan(app, key, start, end)?.into(),
+            plan: pieces.into(),
             app: app.clone(),
             key: key.clone(),
             pos: start,
             end,
             replans: 0,
+            incarnation,
         })
     }
 
@@ -98,7 +124,9 @@ impl Pieces {
                 }
                 Err(FetchError::Missing) if self.replans < REPLANS => {
                     self.replans += 1;
-                    self.plan = plan(&self.app, &self.key, self.pos, self.end)?.into();
+                    let (pieces, _) =
+                        plan(&self.app, &self.key, self.incarnation, self.pos, self.end)?;
+                    self.plan = pieces.into();
                 }
                 Err(FetchError::Missing) => {
                     tracing::error!(stream = ?self.key, pos = self.pos, end = self.end,
@@ -220,8 +248,25 @@ pub async fn body(mut p: Pieces, array: bool) -> Result<(Body, Option<u64>), Api
         let b = p.next().await?.unwrap_or_default();
         return Ok((Body::from(b), Some(len)));
     }
-    let first = if p.all_hot() { None } else { p.next().await? };
-    let head = futures::stream::iter(first.map(Ok));
+    // Up to and including the first cold piece (hot pieces before it, e.g. bytes before an
+    // external payload, are shared memory), so that a failing store answers before the
+    // answer starts.
+    let mut first = Vec::new();
+    while !p.all_hot() {
+        let cold_next = p
+            .plan
+            .iter()
+            .find(|(_, x)| !matches!(x, Piece::Hot(b) if b.is_empty()))
+            .is_some_and(|(_, x)| matches!(x, Piece::Cold { .. }));
+        match p.next().await? {
+            Some(b) => first.push(Ok(b)),
+            None => break,
+        }
+        if cold_next {
+            break;
+        }
+    }
+    let head = futures::stream::iter(first);
     if !array {
         let s = head.chain(p.into_stream());
         return Ok((Body::from_stream(s), Some(len)));

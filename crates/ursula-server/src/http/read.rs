@@ -62,27 +62,38 @@ pub fn view(app: &App, key: &StreamKey, now: u64) -> Result<View, ApiError> {
     .map_err(ApiError::from)
 }
 
+/// A read plan: `(group of the owning stream, piece)` in offset order.
+pub type Plan = Vec<(u32, Piece)>;
+
 /// Where the bytes `[start, end)` of a stream live, following fork links for inherited
 /// bytes (`ursula_core::read::plan_chain`): `(group of the owning stream, piece)` in offset
 /// order. Each owning stream's group state is read once, briefly; hot pieces share the
-/// stream's memory (no copy).
+/// stream's memory (no copy). `head` pins the incarnation of `key` itself (a stream deleted
+/// and created again under the same name is `410`, never read as if it were the old one);
+/// also returns the incarnation the plan read (`None` for an empty range).
 pub fn plan(
     app: &App,
     key: &StreamKey,
+    head: Option<Incarnation>,
     start: u64,
     end: u64,
-) -> Result<Vec<(u32, Piece)>, ApiError> {
-    Ok(read_plan::plan_chain(
-        key,
-        start,
-        end,
-        |k, incarnation, lo, hi| {
-            let group = app.group_of(k);
-            app.with_stream(k, |s| s.plan_step(incarnation, lo, hi))
-                .flatten()
-                .map(|step| (group, step))
-        },
-    )?)
+) -> Result<(Plan, Option<Incarnation>), ApiError> {
+    let mut seen = head;
+    let pieces = read_plan::plan_chain(key, start, end, |k, incarnation, lo, hi| {
+        let group = app.group_of(k);
+        // Only the first step (the stream itself) has no pinned incarnation.
+        let is_head = incarnation.is_none();
+        let pinned = if is_head { head } else { incarnation };
+        app.with_stream(k, |s| {
+            if is_head {
+                seen = Some(s.incarnation);
+            }
+            s.plan_step(pinned, lo, hi)
+        })
+        .flatten()
+        .map(|step| (group, step))
+    })?;
+    Ok((pieces, seen))
 }
 
 /// Copies the bytes `[start, end)` of a stream into `out`, fetching cold pieces from the
@@ -308,7 +319,7 @@ async fn data_response(
     let mut resp = if with_etag && if_none_match(hm, &tag) {
         render::empty(StatusCode::NOT_MODIFIED)
     } else {
-        let pieces = Pieces::new(app, &target.key, start, end)?;
+        let pieces = Pieces::pinned(app, &target.key, v.incarnation, start, end)?;
         let (body, len) = pieces::body(pieces, repr == Repr::JsonArray).await?;
         inc(&app.metrics.reads, 1);
         inc(&app.metrics.read_bytes, end - start);

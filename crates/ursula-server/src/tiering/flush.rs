@@ -31,9 +31,7 @@ impl Tiering {
         };
         let planned = app.with_group(group, |g| {
             let hot = g.hot_bytes();
-            if let Some(c) = self.hot.get(group as usize) {
-                c.store(hot, Ordering::Relaxed);
-            }
+            self.note_hot(group, hot);
             if hot < min {
                 return None;
             }

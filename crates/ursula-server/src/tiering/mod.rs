@@ -145,6 +145,10 @@ pub struct Tiering {
     /// exactly would mean a pass over the group's streams on every write; this estimate is
     /// recounted every tick and only ever errs by what one tick wrote.
     hot: Vec<AtomicU64>,
+    /// Per group: bytes reserved by writes not yet answered. A flush's recount of `hot` from
+    /// the state adds them back (the state does not hold them yet), so the recount neither
+    /// forgets a reservation nor lets its give-back take away bytes that are held.
+    reserved: Vec<AtomicU64>,
     /// Groups whose orphan probe ran ([`Tiering::probe_orphan`]).
     pub(crate) probed: Vec<AtomicBool>,
     pub external: crate::external::ExternalMetrics,
@@ -193,6 +197,8 @@ pub enum FetchError {
 #[must_use = "a reservation is given back when dropped"]
 pub struct HotReservation<'a> {
     counter: Option<&'a AtomicU64>,
+    /// The group's outstanding reservations, which a flush's recount adds back.
+    reserved: Option<&'a AtomicU64>,
     bytes: u64,
 }
 
@@ -201,6 +207,7 @@ impl HotReservation<'_> {
     pub fn none() -> Self {
         HotReservation {
             counter: None,
+            reserved: None,
             bytes: 0,
         }
     }
@@ -213,6 +220,9 @@ impl HotReservation<'_> {
 
 impl Drop for HotReservation<'_> {
     fn drop(&mut self) {
+        if let Some(r) = self.reserved {
+            r.fetch_sub(self.bytes, Ordering::AcqRel);
+        }
         if let Some(c) = self.counter {
             let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
                 Some(h.saturating_sub(self.bytes))
@@ -240,6 +250,7 @@ impl Tiering {
             health: ColdHealth::default(),
             busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             hot: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            reserved: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             probed: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             external: Default::default(),
         })
@@ -257,18 +268,26 @@ impl Tiering {
     /// [`HotReservation::keep`] says the bytes were written.
     pub fn admit(&self, group: u32, incoming: u64) -> Result<HotReservation<'_>, ApiError> {
         let max = self.cfg.max_hot_size_per_group;
-        let Some(counter) = self.hot.get(group as usize) else {
+        let (Some(counter), Some(reserved)) = (
+            self.hot.get(group as usize),
+            self.reserved.get(group as usize),
+        ) else {
             return Ok(HotReservation::none());
         };
         let fits = |hot: u64| max == 0 || hot == 0 || hot.saturating_add(incoming) <= max;
+        // Noted as outstanding first: a recount in between counts it twice (until the next
+        // one), never not at all.
+        reserved.fetch_add(incoming, Ordering::AcqRel);
         match counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |hot| {
             fits(hot).then(|| hot.saturating_add(incoming))
         }) {
             Ok(_) => Ok(HotReservation {
                 counter: Some(counter),
+                reserved: Some(reserved),
                 bytes: incoming,
             }),
             Err(hot) => {
+                reserved.fetch_sub(incoming, Ordering::AcqRel);
                 inc(&self.metrics.backpressured, 1);
                 Err(ApiError::new(
                     ErrorCode::COLD_BACKPRESSURE,
@@ -277,6 +296,20 @@ impl Tiering {
                     ),
                 ))
             }
+        }
+    }
+
+    /// A flush's recount: `group`'s state holds `hot` bytes, plus what outstanding
+    /// reservations will add.
+    pub(crate) fn note_hot(&self, group: u32, hot: u64) {
+        if let (Some(c), Some(r)) = (
+            self.hot.get(group as usize),
+            self.reserved.get(group as usize),
+        ) {
+            c.store(
+                hot.saturating_add(r.load(Ordering::Acquire)),
+                Ordering::Release,
+            );
         }
     }
 
@@ -371,5 +404,44 @@ impl Tiering {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "test code")]
+    use super::*;
+
+    fn tiering(max: u64) -> Arc<Tiering> {
+        let cfg = TierConfig {
+            max_hot_size_per_group: max,
+            ..TierConfig::default()
+        };
+        let store = Arc::new(ursula_storage::cold::ObjectColdStore::memory());
+        Tiering::new(store, cfg, 1)
+    }
+
+    #[test]
+    fn a_recount_keeps_the_reservations_of_writes_not_yet_landed() {
+        let t = tiering(100);
+        t.note_hot(0, 10);
+        let a = t.admit(0, 60).unwrap();
+        // A flush recounts while the write is in flight (the state holds 10 bytes).
+        t.note_hot(0, 10);
+        assert!(
+            t.admit(0, 40).is_err(),
+            "the in-flight 60 bytes still count"
+        );
+        let b = t.admit(0, 30).unwrap();
+        // The first write fails: its give-back leaves the second one's bytes counted.
+        drop(a);
+        assert_eq!(t.hot_seen(0), 40);
+        b.keep();
+        t.note_hot(0, 40);
+        assert_eq!(
+            t.hot_seen(0),
+            40,
+            "a landed write is counted once after a recount"
+        );
     }
 }
