@@ -38,12 +38,8 @@ pub struct Pieces {
 }
 
 impl Pieces {
-    /// Plans the read (`410 STREAM_GONE` if the bytes are no longer held).
-    pub fn new(app: &Arc<App>, key: &StreamKey, start: u64, end: u64) -> Result<Self, ApiError> {
-        Self::planned(app, key, None, start, end)
-    }
-
-    /// [`Pieces::new`] of the stream's `incarnation` only (`410` if `key` is another one now).
+    /// Plans a read of the stream's `incarnation` only: `410 STREAM_GONE` if the bytes are
+    /// no longer held or `key` is another incarnation now.
     pub fn pinned(
         app: &Arc<App>,
         key: &StreamKey,
@@ -51,17 +47,7 @@ impl Pieces {
         start: u64,
         end: u64,
     ) -> Result<Self, ApiError> {
-        Self::planned(app, key, Some(incarnation), start, end)
-    }
-
-    fn planned(
-        app: &Arc<App>,
-        key: &StreamKey,
-        incarnation: Option<Incarnation>,
-        start: u64,
-        end: u64,
-    ) -> Result<Self, ApiError> {
-        let (pieces, incarnation) = plan(app, key, incarnation, start, end)?;
+        let (pieces, incarnation) = plan(app, key, Some(incarnation), start, end)?;
         Ok(Pieces {
             plan: pieces.into(),
             app: app.clone(),

@@ -97,15 +97,18 @@ pub fn plan(
 }
 
 /// Copies the bytes `[start, end)` of a stream into `out`, fetching cold pieces from the
-/// cold tier outside any lock (for bounded windows: SSE events, long-poll answers).
+/// cold tier outside any lock (for bounded windows: SSE events, record reads), of the stream's
+/// `incarnation` only (`410` if it was deleted and created again meanwhile).
 pub async fn collect(
     app: &Arc<App>,
     key: &StreamKey,
-    start: u64,
-    end: u64,
+    incarnation: Incarnation,
+    (start, end): (u64, u64),
     out: &mut Vec<u8>,
 ) -> Result<(), ApiError> {
-    Pieces::new(app, key, start, end)?.read_into(out).await
+    Pieces::pinned(app, key, incarnation, start, end)?
+        .read_into(out)
+        .await
 }
 
 /// Representation of a read response.

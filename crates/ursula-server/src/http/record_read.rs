@@ -14,7 +14,7 @@ use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use std::sync::Arc;
 use ursula_core::records::{RecordQuery, RecordStart, RecordWindow, envelope_into};
-use ursula_core::{ErrorCode, json};
+use ursula_core::{ErrorCode, Incarnation, json};
 
 /// The envelope view of a catch-up or long-poll read.
 pub const ENVELOPE_CT: &str = "application/vnd.durable-stream-records+ndjson";
@@ -84,11 +84,19 @@ pub fn window(
 pub async fn body(
     app: &Arc<App>,
     target: &Target,
+    incarnation: Incarnation,
     w: &RecordWindow,
     view: RecordView,
 ) -> Result<Vec<u8>, ApiError> {
     let mut raw = Vec::new();
-    read::collect(app, &target.key, w.start_offset, w.end_offset, &mut raw).await?;
+    read::collect(
+        app,
+        &target.key,
+        incarnation,
+        (w.start_offset, w.end_offset),
+        &mut raw,
+    )
+    .await?;
     Ok(match view {
         RecordView::Ndjson => raw,
         RecordView::Array => {
@@ -136,7 +144,7 @@ async fn respond(
     let mut resp = if if_none_match(hm, &tag) {
         render::empty(StatusCode::NOT_MODIFIED)
     } else {
-        let bytes = body(app, target, w, view).await?;
+        let bytes = body(app, target, v.incarnation, w, view).await?;
         inc(&app.metrics.reads, 1);
         inc(&app.metrics.read_bytes, w.end_offset - w.start_offset);
         Response::new(Body::from(bytes))

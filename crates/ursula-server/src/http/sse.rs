@@ -14,9 +14,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use ursula_core::content_type;
 use ursula_core::offset::Off;
 use ursula_core::records::{RecordQuery, envelope_into};
+use ursula_core::{Incarnation, content_type};
 
 /// A comment line after this long without events keeps proxies from closing the response.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -251,15 +251,16 @@ async fn run(
         if pos < v.tail
             && let Some(r) = records.as_mut()
         {
-            let (ev, end, up_to_date) = match record_batch(&app, &target, r, batch).await {
-                Ok(b) => b,
-                Err(e) => {
-                    let _ = tx
-                        .send(Bytes::from(error_event(&e.rejection.message)))
-                        .await;
-                    return;
-                }
-            };
+            let (ev, end, up_to_date) =
+                match record_batch(&app, &target, v.incarnation, r, batch).await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx
+                            .send(Bytes::from(error_event(&e.rejection.message)))
+                            .await;
+                        return;
+                    }
+                };
             let closed = up_to_date && v.closed;
             let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
             let mut ev = ev;
@@ -286,7 +287,7 @@ async fn run(
         if pos < v.tail {
             let mut end = read::window_end(&app, key, &v, repr, pos, batch);
             let mut raw = Vec::new();
-            if let Err(e) = read::collect(&app, key, pos, end, &mut raw).await {
+            if let Err(e) = read::collect(&app, key, v.incarnation, (pos, end), &mut raw).await {
                 let _ = tx
                     .send(Bytes::from(error_event(&e.rejection.message)))
                     .await;
@@ -305,7 +306,9 @@ async fn run(
                     // JSON message larger than the window is sent alone.
                     end = pos + need as u64;
                     raw.clear();
-                    if let Err(e) = read::collect(&app, key, pos, end, &mut raw).await {
+                    if let Err(e) =
+                        read::collect(&app, key, v.incarnation, (pos, end), &mut raw).await
+                    {
                         let _ = tx
                             .send(Bytes::from(error_event(&e.rejection.message)))
                             .await;
@@ -392,6 +395,7 @@ async fn run(
 async fn record_batch(
     app: &Arc<App>,
     target: &Target,
+    incarnation: Incarnation,
     r: &mut Records,
     batch: u64,
 ) -> Result<(String, u64, bool), super::error::ApiError> {
@@ -399,7 +403,14 @@ async fn record_batch(
     let max = if r.envelope { Some(1) } else { r.max_records };
     let w = record_read::window(app, target, r.next, max, batch)?;
     let mut raw = Vec::new();
-    read::collect(app, &target.key, w.start_offset, w.end_offset, &mut raw).await?;
+    read::collect(
+        app,
+        &target.key,
+        incarnation,
+        (w.start_offset, w.end_offset),
+        &mut raw,
+    )
+    .await?;
     let mut ev = String::new();
     if r.envelope {
         let mut lines = Vec::new();

@@ -2,7 +2,7 @@
 //! at least `flush_min_hot_size` hot bytes flushes, at most `flush_max_concurrency` uploads
 //! at once; then, while the led groups' hot bytes add up to more than
 //! `flush_pressure_hot_size`, the groups holding the most flush whatever they hold. A group
-//! first led by this process is probed once for an orphan at its next object id.
+//! is probed once per leadership for an orphan at its next object id.
 
 use super::Tiering;
 use crate::app::App;
@@ -15,9 +15,16 @@ const MAX_FLUSHES_PER_GROUP: usize = 64;
 
 impl Tiering {
     pub async fn flush_pass(&self, app: &Arc<App>) {
-        let led: Vec<u32> = (0..app.node.group_count())
-            .filter(|g| app.node.leads(*g))
-            .collect();
+        let mut led = Vec::new();
+        for g in 0..app.node.group_count() {
+            if app.node.leads(g) {
+                led.push(g);
+            } else if let Some(p) = self.probed.get(g as usize) {
+                // Probed again when this node leads the group again: another leader may
+                // have left an orphan meanwhile.
+                p.store(false, Ordering::Relaxed);
+            }
+        }
         futures::stream::iter(led.iter().copied())
             .for_each_concurrent(self.cfg.flush_max_concurrency.max(1), |group| async move {
                 let Some(probed) = self.probed.get(group as usize) else {
