@@ -113,6 +113,7 @@ impl Preset {
         )
     }
 
+    #[cfg(test)]
     pub const ALL: &[Preset] = &[
         Preset::Append100x32,
         Preset::Append1x16,
