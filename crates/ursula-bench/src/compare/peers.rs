@@ -90,11 +90,24 @@ pub fn ursula_tonbo_config(port: u16, admin_port: u16, data: &Path) -> String {
 /// bucket created first.
 pub const URSULA_TONBO_LAYOUT: Layout = Layout::Native;
 
-/// PUT the bucket until it answers 2xx or 409 (it exists), bounded by
-/// `limit`: the node answers HTTP before its Raft groups have leaders.
+/// Wait until `GET /__ursula/ready` answers 200 (the node answers HTTP, and
+/// even creates streams in some groups, before all its Raft groups have
+/// leaders), then PUT the bucket until it answers 2xx or 409 (it exists);
+/// bounded by `limit` in all.
 pub fn create_bucket(port: u16, bucket: &str, limit: Duration) -> Result<()> {
     let deadline = Instant::now() + limit;
     let mut last = String::from("no answer");
+    loop {
+        match super::servers::http_status(port, "GET", "/__ursula/ready") {
+            Some(200) => break,
+            Some(s) => last = format!("ready: status {s}"),
+            None => last = "ready: no answer".to_owned(),
+        }
+        if Instant::now() >= deadline {
+            bail!("GET /__ursula/ready never answered 200 within {limit:?} ({last})");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     while Instant::now() < deadline {
         match super::servers::http_status(port, "PUT", &format!("/{bucket}")) {
             Some(s) if (200..300).contains(&s) || s == 409 => return Ok(()),

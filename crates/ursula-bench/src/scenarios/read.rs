@@ -196,8 +196,8 @@ pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
 }
 
 /// With `wait > 0`, poll the tier metrics until the cold tier holds `target` of
-/// what was written (or the time is up); without the metrics (a peer
-/// server), return at once.
+/// what was written (or the time is up); without the metrics or their
+/// `cold_bytes` (a peer server, an older build), return at once.
 async fn wait_cold(
     ep: &Arc<Endpoint>,
     written: u64,
@@ -209,7 +209,8 @@ async fn wait_cold(
     let deadline = started + wait;
     loop {
         let m = super::cold_soak::fetch_metrics(&mut conn).await?;
-        let cold_bytes = m.get("cold_bytes").copied().unwrap_or(0);
+        // No `cold_bytes` metric: a server without this cold tier; read at once.
+        let cold_bytes = *m.get("cold_bytes")?;
         let state = ColdState {
             cold_bytes,
             hot_bytes: m.get("hot_bytes").copied().unwrap_or(0),
