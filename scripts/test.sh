@@ -60,6 +60,6 @@ if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
 fi
 
 step "benchmark smoke run against the same node (checks the generator works, not speed)"
-"$ROOT/target/release/ursula-bench" --url "http://$ADDR" smoke --strict
+"$ROOT/target/release/ursula-bench" --url "http://$ADDR" smoke --strict --server-pid "$PID"
 
 step "all tests passed"

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 
+pub use crate::compare::presets::{Preset, ServerKind};
 use crate::target::{Layout, Target};
 
 #[derive(Debug, Parser)]
@@ -71,6 +72,10 @@ pub enum Command {
     Longpoll(LongpollArgs),
     /// Create K streams with one small append each; report server RSS per stream.
     Idle(IdleArgs),
+    /// Create K empty streams (PUT only) over C connections: creation throughput.
+    Create(CreateArgs),
+    /// Appends, catch-up reads and SSE tails at once.
+    Mixed(MixedArgs),
     /// Append more than the hot tier holds (default 4 GiB over 100 streams), sample server
     /// RSS, measure the data dir, read every byte back and verify it.
     ColdSoak(ColdSoakArgs),
@@ -101,6 +106,10 @@ pub struct AppendArgs {
     /// Append through idempotent producers (Producer-Id/-Epoch/-Seq).
     #[arg(long)]
     pub producer: bool,
+    /// Server process whose CPU time is read from /proc over the measured window
+    /// (omit: no CPU figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -119,6 +128,18 @@ pub struct ReadArgs {
     pub duration: Duration,
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
+    /// After the pre-fill, wait up to this long for the server's `cold_bytes` metric
+    /// (`/__ursula/metrics`) to cover --cold-target of the bytes written, so the reads are of
+    /// cold data (0: do not wait; a server without the metric is read at once).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub wait_cold: Duration,
+    /// The share of the pre-filled bytes --wait-cold waits for.
+    #[arg(long, default_value_t = 0.9)]
+    pub cold_target: f64,
+    /// Server process whose CPU time is read from /proc over the measured window
+    /// (omit: no CPU figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -135,6 +156,10 @@ pub struct FanoutArgs {
     /// How long to wait for late deliveries after the writer stops.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Server process whose CPU time is read from /proc over the measured window
+    /// (omit: no CPU figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -156,6 +181,10 @@ pub struct LongpollArgs {
     pub duration: Duration,
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// Server process whose CPU time is read from /proc over the measured window
+    /// (omit: no CPU figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -172,6 +201,44 @@ pub struct IdleArgs {
     /// Pause after creating before reading RSS the second time.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub settle: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CreateArgs {
+    #[arg(long, default_value_t = 20_000)]
+    pub streams: usize,
+    #[arg(long, short = 'c', default_value_t = 32)]
+    pub connections: usize,
+    /// Server process whose CPU time is read from /proc over the measured window
+    /// (omit: no CPU figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MixedArgs {
+    /// Streams the appenders write to.
+    #[arg(long, default_value_t = 100)]
+    pub append_streams: usize,
+    /// Appending connections (closed loop, 128 B bodies).
+    #[arg(long, default_value_t = 32)]
+    pub append_connections: usize,
+    /// Catch-up reader connections, over 10 pre-filled streams of 1 MiB.
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// SSE subscribers on one stream a writer appends to at --sse-rate.
+    #[arg(long, default_value_t = 50)]
+    pub subscribers: usize,
+    #[arg(long, default_value_t = 50.0)]
+    pub sse_rate: f64,
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub warmup: Duration,
+    /// Server process whose CPU time is read from /proc over the measured window
+    /// (omit: no CPU figures).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -244,6 +311,13 @@ pub struct ServerPaths {
     /// (default: the workspace's bench/).
     #[arg(long)]
     pub bench_dir: Option<PathBuf>,
+    /// A second ursula binary, started as `ursula-old` (e.g. a build of an older commit).
+    #[arg(long)]
+    pub ursula_old_bin: Option<PathBuf>,
+    /// Where scripts/install-bench-peers.sh installed the peer servers (default:
+    /// `peers/` in the bench dir).
+    #[arg(long)]
+    pub peers_dir: Option<PathBuf>,
     /// Node.js executable for the reference server.
     #[arg(long, default_value = "node")]
     pub node: String,
@@ -258,87 +332,6 @@ pub struct FloorArgs {
     pub listen: SocketAddr,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
-pub enum ServerKind {
-    /// target/release/ursula on its durable default.
-    Ursula,
-    /// ursula with --memory (skipped when the binary has no such flag).
-    UrsulaMemory,
-    /// @durable-streams/server with the file-backed store.
-    RefFile,
-    /// @durable-streams/server with the in-memory store.
-    RefMemory,
-    /// The built-in floor server.
-    Floor,
-}
-
-impl ServerKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ServerKind::Ursula => "ursula",
-            ServerKind::UrsulaMemory => "ursula-memory",
-            ServerKind::RefFile => "ref-file",
-            ServerKind::RefMemory => "ref-memory",
-            ServerKind::Floor => "floor",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
-pub enum Preset {
-    /// append, 100 streams, 32 connections, 128 B
-    #[value(name = "append-100x32")]
-    Append100x32,
-    /// append, 1 stream, 16 connections, 128 B
-    #[value(name = "append-1x16")]
-    Append1x16,
-    /// append, 100 streams, 256 connections, 128 B (not in the default set: how durable
-    /// throughput grows with concurrency, since every sync commits whatever is queued)
-    #[value(name = "append-100x256")]
-    Append100x256,
-    /// append --producer, 100 streams, 32 connections, 128 B
-    #[value(name = "append-producer")]
-    AppendProducer,
-    /// read, 10 streams x 1 MiB, 8 connections
-    #[value(name = "read-10x1MiB")]
-    Read10x1MiB,
-    /// fanout, 100 subscribers, 50 appends/s
-    #[value(name = "fanout-100@50")]
-    Fanout100At50,
-    /// longpoll, 100 readers on 10 streams, 50 appends/s
-    #[value(name = "longpoll-100@50")]
-    Longpoll100At50,
-    /// idle streams (count from --idle-streams)
-    #[value(name = "idle")]
-    Idle,
-}
-
-impl Preset {
-    pub fn name(self) -> &'static str {
-        match self {
-            Preset::Append100x32 => "append-100x32",
-            Preset::Append1x16 => "append-1x16",
-            Preset::Append100x256 => "append-100x256",
-            Preset::AppendProducer => "append-producer",
-            Preset::Read10x1MiB => "read-10x1MiB",
-            Preset::Fanout100At50 => "fanout-100@50",
-            Preset::Longpoll100At50 => "longpoll-100@50",
-            Preset::Idle => "idle",
-        }
-    }
-
-    /// The floor only answers 204, so only append presets mean anything there.
-    pub fn runs_on_floor(self) -> bool {
-        matches!(
-            self,
-            Preset::Append100x32
-                | Preset::Append1x16
-                | Preset::Append100x256
-                | Preset::AppendProducer
-        )
-    }
-}
-
 #[derive(Debug, Clone, Args)]
 pub struct CompareArgs {
     /// Rounds; each round runs every server once per scenario (A B A B ...).
@@ -348,14 +341,14 @@ pub struct CompareArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "ursula,ursula-memory,ref-file,ref-memory,floor"
+        default_value = "ursula,ds-rust,ursula-tonbo,ref-memory,floor"
     )]
     pub servers: Vec<ServerKind>,
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "append-100x32,append-1x16,append-producer,read-10x1MiB,fanout-100@50,longpoll-100@50,idle"
+        default_value = "append-100x32,append-1x16,append-100x256,append-1000x256,append-10000x256,append-100000x256,append-producer,read-10x1MiB,read-cold,fanout-100@50,longpoll-100@50,create-20000,mixed"
     )]
     pub scenarios: Vec<Preset>,
     /// Measured time of each throughput/latency run.
@@ -425,6 +418,7 @@ pub fn parse_size(s: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::ValueEnum;
 
     fn parse(args: &[&str]) -> Cli {
         let mut v = vec!["ursula-bench"];
@@ -587,7 +581,7 @@ mod tests {
         };
         assert_eq!(a.rounds, 3);
         assert_eq!(a.servers.len(), 5);
-        assert_eq!(a.scenarios.len(), 7);
+        assert_eq!(a.scenarios.len(), 13);
         let c = parse(&[
             "compare",
             "--servers",

@@ -22,7 +22,7 @@ use clap::Parser;
 use cli::{Cli, Command};
 use client::Endpoint;
 use report::{json_line, note};
-use scenarios::{append, cold_soak, fanout, idle, longpoll, read};
+use scenarios::{append, cold_soak, create, fanout, idle, longpoll, mixed, read};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -74,7 +74,7 @@ fn smoke_spawned(
     if let Err(why) = compare::servers::availability(kind, &env) {
         anyhow::bail!("cannot spawn {}: {why}", kind.name());
     }
-    let server = compare::servers::start(kind, &env)?;
+    let server = compare::servers::start(kind, &env, None)?;
     note(&format!(
         "spawned {} at {} (pid {})",
         kind.name(),
@@ -83,6 +83,9 @@ fn smoke_spawned(
     ));
     let mut target = cli.target.clone();
     target.url = server.url();
+    if let Some(layout) = server.layout {
+        target.layout = layout;
+    }
     let mut smoke_args = args.clone();
     smoke_args.server_pid = Some(server.pid);
     let result = rt.block_on(async {
@@ -123,6 +126,8 @@ async fn async_main(cli: Cli) -> Result<ExitCode> {
         Command::Fanout(a) => emit!(fanout::run(ep, a).await?),
         Command::Longpoll(a) => emit!(longpoll::run(ep, a).await?),
         Command::Idle(a) => emit!(idle::run(ep, a).await?),
+        Command::Create(a) => emit!(create::run(ep, a).await?),
+        Command::Mixed(a) => emit!(mixed::run(ep, a).await?),
         Command::ColdSoak(a) => {
             let rep = cold_soak::run(ep, a, quiet).await?;
             let ok = rep.problems().is_empty();

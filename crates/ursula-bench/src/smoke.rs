@@ -13,11 +13,12 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::cli::{
-    AppendArgs, ColdSoakArgs, FanoutArgs, IdleArgs, LongpollArgs, ReadArgs, SmokeArgs,
+    AppendArgs, ColdSoakArgs, CreateArgs, FanoutArgs, IdleArgs, LongpollArgs, MixedArgs, ReadArgs,
+    SmokeArgs,
 };
 use crate::client::Endpoint;
 use crate::report::{json_line, note};
-use crate::scenarios::{append, cold_soak, fanout, idle, longpoll, read};
+use crate::scenarios::{append, cold_soak, create, fanout, idle, longpoll, mixed, read};
 
 #[derive(Debug, Serialize)]
 struct SmokeSummary {
@@ -59,6 +60,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         duration: d,
         warmup,
         producer: false,
+        server_pid: args.server_pid,
     };
     step!("append", append::run(ep.clone(), &a));
     let ap = AppendArgs {
@@ -66,6 +68,20 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         ..a
     };
     step!("append --producer", append::run(ep.clone(), &ap));
+    // Many streams (the compare presets go to 100,000; a smaller count keeps this short).
+    let many = AppendArgs {
+        streams: 2_000,
+        connections: 32,
+        producer: false,
+        ..a
+    };
+    step!("append 2000 streams", append::run(ep.clone(), &many));
+    let c = CreateArgs {
+        streams: 500,
+        connections: 8,
+        server_pid: args.server_pid,
+    };
+    step!("create", create::run(ep.clone(), &c));
     let r = ReadArgs {
         streams: 2,
         stream_bytes: 64 * 1024,
@@ -73,14 +89,30 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         connections: 2,
         duration: d,
         warmup,
+        wait_cold: Duration::ZERO,
+        cold_target: 0.9,
+        server_pid: args.server_pid,
     };
     step!("read", read::run(ep.clone(), &r));
+    // 48 MiB over 4 streams: past the default node's 8 MiB flush threshold in every group
+    // that holds one, so the read waits (bounded) until some of it is cold. A server
+    // without tier metrics is read at once.
+    let rc = ReadArgs {
+        streams: 4,
+        stream_bytes: 12 << 20,
+        chunk_size: 256 << 10,
+        wait_cold: Duration::from_secs(15),
+        cold_target: 0.25,
+        ..r
+    };
+    step!("read (cold)", read::run(ep.clone(), &rc));
     let f = FanoutArgs {
         subscribers: 3,
         rate: 20.0,
         body_size: 48,
         duration: d,
         grace,
+        server_pid: args.server_pid,
     };
     step!("fanout", fanout::run(ep.clone(), &f));
     let l = LongpollArgs {
@@ -91,8 +123,20 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         body_size: 48,
         duration: d,
         grace,
+        server_pid: args.server_pid,
     };
     step!("longpoll", longpoll::run(ep.clone(), &l));
+    let mx = MixedArgs {
+        append_streams: 20,
+        append_connections: 4,
+        readers: 2,
+        subscribers: 5,
+        sse_rate: 20.0,
+        duration: d,
+        warmup,
+        server_pid: args.server_pid,
+    };
+    step!("mixed", mixed::run(ep.clone(), &mx));
     let i = IdleArgs {
         streams: 200,
         connections: 4,

@@ -14,81 +14,270 @@ pub struct Bar {
     pub num: ServerKind,
     /// None: the bar is on the absolute value of `num`.
     pub den: Option<ServerKind>,
+    /// The denominator's preset when it is not `preset` (a run judged against
+    /// another preset of the same server).
+    pub den_preset: Option<Preset>,
     /// true: value >= threshold passes; false: value <= threshold passes.
     pub at_least: bool,
     pub threshold: f64,
 }
 
+const fn ratio(
+    text: &'static str,
+    preset: Preset,
+    metric: &'static str,
+    num: ServerKind,
+    den: ServerKind,
+    at_least: bool,
+    threshold: f64,
+) -> Bar {
+    Bar {
+        text,
+        preset,
+        metric,
+        num,
+        den: Some(den),
+        den_preset: None,
+        at_least,
+        threshold,
+    }
+}
+
+use Preset as P;
+use ServerKind as S;
+
+const APPS: &str = "appends_per_s";
+const P99: &str = "p99_us";
+const MBS: &str = "mb_per_s";
+const CPU: &str = super::presets::CPU_KEY;
+
 pub const BARS: &[Bar] = &[
+    // Issue 12: ahead of the fastest peer.
+    ratio(
+        "append 100x32: ursula / ds-rust appends/s",
+        P::Append100x32,
+        APPS,
+        S::Ursula,
+        S::DsRust,
+        true,
+        1.2,
+    ),
+    ratio(
+        "append 100x32: ursula p99 / ds-rust p99",
+        P::Append100x32,
+        P99,
+        S::Ursula,
+        S::DsRust,
+        false,
+        1.0,
+    ),
+    ratio(
+        "append 100x32: ursula / ursula-tonbo appends/s",
+        P::Append100x32,
+        APPS,
+        S::Ursula,
+        S::UrsulaTonbo,
+        true,
+        3.0,
+    ),
+    ratio(
+        "append 1x16: ursula / ds-rust appends/s",
+        P::Append1x16,
+        APPS,
+        S::Ursula,
+        S::DsRust,
+        true,
+        1.2,
+    ),
+    ratio(
+        "append 1x16: ursula p99 / ds-rust p99",
+        P::Append1x16,
+        P99,
+        S::Ursula,
+        S::DsRust,
+        false,
+        1.0,
+    ),
+    ratio(
+        "append 1x16: ursula / ursula-tonbo appends/s",
+        P::Append1x16,
+        APPS,
+        S::Ursula,
+        S::UrsulaTonbo,
+        true,
+        3.0,
+    ),
+    ratio(
+        "append 1000x256: ursula / ds-rust appends/s",
+        P::Append1000x256,
+        APPS,
+        S::Ursula,
+        S::DsRust,
+        true,
+        1.2,
+    ),
+    ratio(
+        "append 1000x256: ursula p99 / ds-rust p99",
+        P::Append1000x256,
+        P99,
+        S::Ursula,
+        S::DsRust,
+        false,
+        1.0,
+    ),
+    ratio(
+        "append 1000x256: ursula / ursula-tonbo appends/s",
+        P::Append1000x256,
+        APPS,
+        S::Ursula,
+        S::UrsulaTonbo,
+        true,
+        3.0,
+    ),
+    ratio(
+        "append 10000x256: ursula / ds-rust appends/s",
+        P::Append10000x256,
+        APPS,
+        S::Ursula,
+        S::DsRust,
+        true,
+        1.2,
+    ),
+    ratio(
+        "append 10000x256: ursula p99 / ds-rust p99",
+        P::Append10000x256,
+        P99,
+        S::Ursula,
+        S::DsRust,
+        false,
+        1.0,
+    ),
+    ratio(
+        "append 10000x256: ursula / ursula-tonbo appends/s",
+        P::Append10000x256,
+        APPS,
+        S::Ursula,
+        S::UrsulaTonbo,
+        true,
+        3.0,
+    ),
+    ratio(
+        "read 10x1MiB: ursula / ds-rust MB/s",
+        P::Read10x1MiB,
+        MBS,
+        S::Ursula,
+        S::DsRust,
+        true,
+        1.2,
+    ),
+    ratio(
+        "read cold 8x16MiB: ursula / ds-rust MB/s",
+        P::ReadCold,
+        MBS,
+        S::Ursula,
+        S::DsRust,
+        true,
+        1.2,
+    ),
+    ratio(
+        "fanout 100@50: ursula p99 / ds-rust p99",
+        P::Fanout100At50,
+        P99,
+        S::Ursula,
+        S::DsRust,
+        false,
+        0.8,
+    ),
+    ratio(
+        "append 1000x256: ursula / floor req/s",
+        P::Append1000x256,
+        APPS,
+        S::Ursula,
+        S::Floor,
+        true,
+        0.5,
+    ),
+    ratio(
+        "append 1000x256: ursula / floor server CPU per request",
+        P::Append1000x256,
+        CPU,
+        S::Ursula,
+        S::Floor,
+        false,
+        2.0,
+    ),
     Bar {
-        text: "append 100x32x128B: ursula / ref-file appends/s",
-        preset: Preset::Append100x32,
-        metric: "appends_per_s",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::RefFile),
+        text: "append 100000x256 / 100x256: ursula appends/s",
+        preset: P::Append100000x256,
+        metric: APPS,
+        num: S::Ursula,
+        den: Some(S::Ursula),
+        den_preset: Some(P::Append100x256),
         at_least: true,
-        threshold: 10.0,
+        threshold: 0.8,
     },
-    Bar {
-        text: "append 100x32x128B: ursula / ref-memory appends/s",
-        preset: Preset::Append100x32,
-        metric: "appends_per_s",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::RefMemory),
-        at_least: true,
-        threshold: 0.6,
-    },
-    Bar {
-        text: "append 100x32x128B: ursula p99 / ref-memory p99",
-        preset: Preset::Append100x32,
-        metric: "p99_us",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::RefMemory),
-        at_least: false,
-        threshold: 2.0,
-    },
-    Bar {
-        text: "append 1x16: ursula / ref-memory appends/s",
-        preset: Preset::Append1x16,
-        metric: "appends_per_s",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::RefMemory),
-        at_least: true,
-        threshold: 0.5,
-    },
-    Bar {
-        text: "read 10x1MiB/8 conns: ursula / ref-file MB/s",
-        preset: Preset::Read10x1MiB,
-        metric: "mb_per_s",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::RefFile),
-        at_least: true,
-        threshold: 3.0,
-    },
-    Bar {
-        text: "fanout 100 subs @50/s: ursula p99 / ref-memory p99",
-        preset: Preset::Fanout100At50,
-        metric: "p99_us",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::RefMemory),
-        at_least: false,
-        threshold: 0.5,
-    },
-    Bar {
-        text: "append 100x32x128B: ursula / floor req/s",
-        preset: Preset::Append100x32,
-        metric: "appends_per_s",
-        num: ServerKind::Ursula,
-        den: Some(ServerKind::Floor),
-        at_least: true,
-        threshold: 0.5,
-    },
+    // The first benchmark issue's bars, against the Node reference.
+    ratio(
+        "append 100x32: ursula / ref-file appends/s",
+        P::Append100x32,
+        APPS,
+        S::Ursula,
+        S::RefFile,
+        true,
+        10.0,
+    ),
+    ratio(
+        "append 100x32: ursula / ref-memory appends/s",
+        P::Append100x32,
+        APPS,
+        S::Ursula,
+        S::RefMemory,
+        true,
+        0.6,
+    ),
+    ratio(
+        "append 100x32: ursula p99 / ref-memory p99",
+        P::Append100x32,
+        P99,
+        S::Ursula,
+        S::RefMemory,
+        false,
+        2.0,
+    ),
+    ratio(
+        "append 1x16: ursula / ref-memory appends/s",
+        P::Append1x16,
+        APPS,
+        S::Ursula,
+        S::RefMemory,
+        true,
+        0.5,
+    ),
+    ratio(
+        "read 10x1MiB/8 conns: ursula / ref-file MB/s",
+        P::Read10x1MiB,
+        MBS,
+        S::Ursula,
+        S::RefFile,
+        true,
+        3.0,
+    ),
+    ratio(
+        "fanout 100 subs @50/s: ursula p99 / ref-memory p99",
+        P::Fanout100At50,
+        P99,
+        S::Ursula,
+        S::RefMemory,
+        false,
+        0.5,
+    ),
     Bar {
         text: "idle: ursula RSS per stream (bytes)",
-        preset: Preset::Idle,
+        preset: P::Idle,
         metric: "rss_per_stream_bytes",
-        num: ServerKind::Ursula,
+        num: S::Ursula,
         den: None,
+        den_preset: None,
         at_least: false,
         threshold: 2048.0,
     },
@@ -105,10 +294,13 @@ pub struct Verdict {
 pub fn evaluate(medians: &Medians) -> Vec<Verdict> {
     BARS.iter()
         .map(|b| {
-            let get = |s: ServerKind| medians.get(&(b.preset, s, b.metric.to_owned())).copied();
+            let get = |p: Preset, s: ServerKind| medians.get(&(p, s, b.metric.to_owned())).copied();
             let value = match b.den {
-                None => get(b.num),
-                Some(d) => match (get(b.num), get(d)) {
+                None => get(b.preset, b.num),
+                Some(d) => match (
+                    get(b.preset, b.num),
+                    get(b.den_preset.unwrap_or(b.preset), d),
+                ) {
                     (Some(n), Some(d)) if d > 0.0 => Some(n / d),
                     _ => None,
                 },
@@ -189,16 +381,63 @@ mod tests {
             (Preset::Fanout100At50, ServerKind::RefMemory, "p99_us", 0.0),
         ]);
         let v = evaluate(&med);
-        assert_eq!(v[0].value, Some(50.0));
-        assert_eq!(v[0].verdict, "PASS");
-        assert_eq!(v[0].rule, ">= 10x");
-        assert_eq!(v[1].value, Some(0.5));
-        assert_eq!(v[1].verdict, "FAIL");
-        assert_eq!(v[2].value, Some(1.8));
-        assert_eq!(v[2].verdict, "PASS");
-        assert_eq!(v[5].verdict, "n/a", "zero denominator");
-        assert_eq!(v[7].value, Some(4096.0));
-        assert_eq!(v[7].verdict, "FAIL");
-        assert_eq!(v[7].rule, "<= 2048");
+        let bar = |text: &str| match v.iter().find(|x| x.bar == text) {
+            Some(x) => x.clone(),
+            None => panic!("no bar {text}"),
+        };
+        let b = bar("append 100x32: ursula / ref-file appends/s");
+        assert_eq!(
+            (b.value, b.verdict, b.rule.as_str()),
+            (Some(50.0), "PASS", ">= 10x")
+        );
+        let b = bar("append 100x32: ursula / ref-memory appends/s");
+        assert_eq!((b.value, b.verdict), (Some(0.5), "FAIL"));
+        let b = bar("append 100x32: ursula p99 / ref-memory p99");
+        assert_eq!((b.value, b.verdict), (Some(1.8), "PASS"));
+        let b = bar("fanout 100 subs @50/s: ursula p99 / ref-memory p99");
+        assert_eq!(b.verdict, "n/a", "zero denominator");
+        let b = bar("idle: ursula RSS per stream (bytes)");
+        assert_eq!(
+            (b.value, b.verdict, b.rule.as_str()),
+            (Some(4096.0), "FAIL", "<= 2048")
+        );
+    }
+
+    #[test]
+    fn a_bar_across_presets() {
+        let med = m(&[
+            (
+                Preset::Append100x256,
+                ServerKind::Ursula,
+                "appends_per_s",
+                50_000.0,
+            ),
+            (
+                Preset::Append100000x256,
+                ServerKind::Ursula,
+                "appends_per_s",
+                45_000.0,
+            ),
+            (
+                Preset::Append1000x256,
+                ServerKind::Ursula,
+                "cpu_us_per_op",
+                12.0,
+            ),
+            (
+                Preset::Append1000x256,
+                ServerKind::Floor,
+                "cpu_us_per_op",
+                7.0,
+            ),
+        ]);
+        let v = evaluate(&med);
+        let find = |t: &str| v.iter().find(|x| x.bar == t).map(|x| (x.value, x.verdict));
+        assert_eq!(
+            find("append 100000x256 / 100x256: ursula appends/s"),
+            Some((Some(0.9), "PASS"))
+        );
+        let cpu = find("append 1000x256: ursula / floor server CPU per request");
+        assert!(matches!(cpu, Some((Some(r), "PASS")) if (r - 12.0 / 7.0).abs() < 1e-9));
     }
 }

@@ -3,11 +3,12 @@
 //! for every preset in every round; print medians, ratios and the bar.
 
 pub mod bars;
+pub mod peers;
+pub mod presets;
 pub mod servers;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -15,160 +16,11 @@ use serde::Serialize;
 use crate::cli::{CompareArgs, Preset, ServerKind, TargetArgs};
 use crate::report::{Table, fmt_num, json_line, note};
 use crate::stats::median;
+use presets::{metric_defs, preset_args, run_limit};
 use servers::Env;
 
 /// Median of each (preset, server, metric) over the rounds.
 pub type Medians = BTreeMap<(Preset, ServerKind, String), f64>;
-
-struct MetricDef {
-    key: &'static str,
-    pointer: &'static str,
-}
-
-const fn m(key: &'static str, pointer: &'static str) -> MetricDef {
-    MetricDef { key, pointer }
-}
-
-/// Metrics taken from each preset's JSON line; the first is the headline.
-fn metric_defs(p: Preset) -> &'static [MetricDef] {
-    const APPEND: &[MetricDef] = &[
-        m("appends_per_s", "/appends_per_s"),
-        m("mb_per_s", "/mb_per_s"),
-        m("p50_us", "/latency/p50_us"),
-        m("p99_us", "/latency/p99_us"),
-        m("max_us", "/latency/max_us"),
-    ];
-    const READ: &[MetricDef] = &[
-        m("mb_per_s", "/mb_per_s"),
-        m("reads_per_s", "/reads_per_s"),
-        m("p50_us", "/latency/p50_us"),
-        m("p99_us", "/latency/p99_us"),
-    ];
-    const FANOUT: &[MetricDef] = &[
-        m("p99_us", "/delivery/p99_us"),
-        m("p50_us", "/delivery/p50_us"),
-        m("max_us", "/delivery/max_us"),
-        m("missed", "/missed"),
-    ];
-    const LONGPOLL: &[MetricDef] = &[
-        m("p99_us", "/wake/p99_us"),
-        m("p50_us", "/wake/p50_us"),
-        m("max_us", "/wake/max_us"),
-        m("missed", "/missed"),
-    ];
-    const IDLE: &[MetricDef] = &[
-        m("rss_per_stream_bytes", "/rss_per_stream_bytes"),
-        m("creates_per_s", "/creates_per_s"),
-    ];
-    match p {
-        Preset::Append100x32
-        | Preset::Append1x16
-        | Preset::Append100x256
-        | Preset::AppendProducer => APPEND,
-        Preset::Read10x1MiB => READ,
-        Preset::Fanout100At50 => FANOUT,
-        Preset::Longpoll100At50 => LONGPOLL,
-        Preset::Idle => IDLE,
-    }
-}
-
-fn secs(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
-/// Scenario arguments for the generator child.
-fn preset_args(p: Preset, a: &CompareArgs, server_pid: u32) -> Vec<String> {
-    let timed = |mut v: Vec<String>| {
-        v.extend([
-            "--duration".into(),
-            secs(a.duration),
-            "--warmup".into(),
-            secs(a.warmup),
-        ]);
-        v
-    };
-    let s = |x: &[&str]| x.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
-    match p {
-        Preset::Append100x32 => timed(s(&[
-            "append",
-            "--streams",
-            "100",
-            "-c",
-            "32",
-            "--body-size",
-            "128",
-        ])),
-        Preset::Append1x16 => timed(s(&[
-            "append",
-            "--streams",
-            "1",
-            "-c",
-            "16",
-            "--body-size",
-            "128",
-        ])),
-        Preset::Append100x256 => timed(s(&[
-            "append",
-            "--streams",
-            "100",
-            "-c",
-            "256",
-            "--body-size",
-            "128",
-        ])),
-        Preset::AppendProducer => timed(s(&[
-            "append",
-            "--producer",
-            "--streams",
-            "100",
-            "-c",
-            "32",
-            "--body-size",
-            "128",
-        ])),
-        Preset::Read10x1MiB => timed(s(&[
-            "read",
-            "--streams",
-            "10",
-            "--stream-bytes",
-            "1MiB",
-            "-c",
-            "8",
-        ])),
-        Preset::Fanout100At50 => {
-            let mut v = s(&["fanout", "--subscribers", "100", "--rate", "50"]);
-            v.extend(["--duration".into(), secs(a.duration)]);
-            v
-        }
-        Preset::Longpoll100At50 => {
-            let mut v = s(&[
-                "longpoll",
-                "--readers",
-                "100",
-                "--streams",
-                "10",
-                "--rate",
-                "50",
-            ]);
-            v.extend(["--duration".into(), secs(a.duration)]);
-            v
-        }
-        Preset::Idle => {
-            let mut v = s(&["idle", "--streams"]);
-            v.push(a.idle_streams.to_string());
-            v.extend(["--server-pid".into(), server_pid.to_string()]);
-            v
-        }
-    }
-}
-
-/// Hard limit for one generator run.
-fn run_limit(p: Preset, a: &CompareArgs) -> Duration {
-    match p {
-        Preset::Idle => Duration::from_secs(30 * 60),
-        _ => a.warmup + a.duration + Duration::from_secs(180),
-    }
-}
 
 #[derive(Debug, Serialize)]
 struct CompareReport {
@@ -309,12 +161,12 @@ fn run_one(
     preset: Preset,
     kind: ServerKind,
 ) -> Result<Vec<(String, f64)>> {
-    let server = servers::start(kind, env)?;
+    let server = servers::start(kind, env, presets::ursula_config(preset))?;
     let mut gen_args = vec![
         "--url".to_owned(),
         server.url(),
         "--layout".to_owned(),
-        target.layout.as_str().to_owned(),
+        server.layout.unwrap_or(target.layout).as_str().to_owned(),
         "--bucket".to_owned(),
         target.bucket.clone(),
         "--quiet".to_owned(),
@@ -357,10 +209,16 @@ fn render(
     med: &Medians,
     verdicts: &[bars::Verdict],
 ) -> String {
+    // Ratios are against the strongest peer that took part.
+    let base_kind = [ServerKind::DsRust, ServerKind::RefMemory]
+        .into_iter()
+        .find(|k| active.contains(k))
+        .unwrap_or(ServerKind::RefMemory);
     let mut out = format!(
-        "\nmedians of {} rounds, {} s per run (ratio: vs ref-memory)\n",
+        "\nmedians of {} rounds, {} s per run (ratio: vs {})\n",
         args.rounds,
-        args.duration.as_secs_f64()
+        args.duration.as_secs_f64(),
+        base_kind.name()
     );
     for &p in &args.scenarios {
         let mut header = vec![p.name()];
@@ -379,10 +237,7 @@ fn render(
             t.row(&row);
         }
         let head = metric_defs(p)[0].key.to_owned();
-        if let Some(base) = med
-            .get(&(p, ServerKind::RefMemory, head.clone()))
-            .filter(|b| **b > 0.0)
-        {
+        if let Some(base) = med.get(&(p, base_kind, head.clone())).filter(|b| **b > 0.0) {
             let mut row = vec![format!("{head} ratio")];
             for &s in active {
                 row.push(
@@ -444,16 +299,7 @@ mod tests {
 
     #[test]
     fn every_preset_has_a_headline_metric() {
-        for p in [
-            Preset::Append100x32,
-            Preset::Append1x16,
-            Preset::Append100x256,
-            Preset::AppendProducer,
-            Preset::Read10x1MiB,
-            Preset::Fanout100At50,
-            Preset::Longpoll100At50,
-            Preset::Idle,
-        ] {
+        for &p in Preset::ALL {
             assert!(!metric_defs(p).is_empty());
         }
         for b in bars::BARS {

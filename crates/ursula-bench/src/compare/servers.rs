@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 
+use super::peers;
 use crate::cli::{ServerKind, ServerPaths};
+use crate::target::Layout;
 
 /// Everything needed to launch servers and generators.
 #[derive(Debug, Clone)]
@@ -18,6 +20,8 @@ pub struct Env {
     pub self_exe: PathBuf,
     pub ursula_bin: PathBuf,
     pub bench_dir: PathBuf,
+    pub peers_dir: PathBuf,
+    pub ursula_old_bin: Option<PathBuf>,
     pub node: String,
     pub ready_timeout: Duration,
     /// (server cpus, generator cpus) for `taskset -c`, when pinning.
@@ -26,10 +30,16 @@ pub struct Env {
 
 impl Env {
     pub fn new(paths: &ServerPaths, pin: Option<(String, String)>) -> Result<Self> {
+        let bench_dir = resolve_path(paths.bench_dir.as_deref().unwrap_or(Path::new("bench")));
         Ok(Self {
             self_exe: std::env::current_exe().context("locating ursula-bench")?,
             ursula_bin: resolve_path(&paths.ursula_bin),
-            bench_dir: resolve_path(paths.bench_dir.as_deref().unwrap_or(Path::new("bench"))),
+            peers_dir: paths
+                .peers_dir
+                .as_deref()
+                .map_or_else(|| bench_dir.join("peers"), resolve_path),
+            ursula_old_bin: paths.ursula_old_bin.as_deref().map(resolve_path),
+            bench_dir,
             node: paths.node.clone(),
             ready_timeout: paths.ready_timeout,
             pin,
@@ -115,6 +125,21 @@ fn capture(program: &Path, args: &[&str], limit: Duration) -> Result<String> {
 pub fn availability(kind: ServerKind, env: &Env) -> std::result::Result<(), String> {
     match kind {
         ServerKind::Floor => Ok(()),
+        ServerKind::DsRust => peers::check_installed(
+            &peers::ds_rust_bin(&env.peers_dir),
+            peers::DS_RUST_VERSION,
+            "ds-rust",
+        ),
+        ServerKind::UrsulaTonbo => peers::check_installed(
+            &peers::ursula_tonbo_bin(&env.peers_dir),
+            peers::URSULA_TONBO_VERSION,
+            "ursula-tonbo",
+        ),
+        ServerKind::UrsulaOld => match &env.ursula_old_bin {
+            None => Err("no --ursula-old-bin given".to_owned()),
+            Some(b) if !b.is_file() => Err(format!("{} not found", b.display())),
+            Some(_) => Ok(()),
+        },
         ServerKind::Ursula | ServerKind::UrsulaMemory => {
             if !env.ursula_bin.is_file() {
                 return Err(format!(
@@ -163,6 +188,8 @@ fn free_port() -> Result<u16> {
 pub struct Running {
     pub port: u16,
     pub pid: u32,
+    /// The URL layout this server needs, when it differs from the default.
+    pub layout: Option<Layout>,
     child: Child,
     dir: TempDir,
 }
@@ -204,8 +231,9 @@ impl Running {
 }
 
 /// Start a server with a fresh temporary directory and wait until it
-/// answers HTTP (polling; never a fixed sleep).
-pub fn start(kind: ServerKind, env: &Env) -> Result<Running> {
+/// answers HTTP (polling; never a fixed sleep). `ursula_config` is TOML that
+/// `ursula` (not `ursula-old`, which may not know the keys) is started with.
+pub fn start(kind: ServerKind, env: &Env, ursula_config: Option<&str>) -> Result<Running> {
     let dir = tempfile::Builder::new().prefix("ursula-bench-").tempdir()?;
     let data = dir.path().join("data");
     std::fs::create_dir(&data)?;
@@ -216,16 +244,43 @@ pub fn start(kind: ServerKind, env: &Env) -> Result<Running> {
             env.self_exe.clone(),
             vec!["floor".into(), "--listen".into(), listen],
         ),
-        ServerKind::Ursula => (
-            env.ursula_bin.clone(),
-            vec![
+        ServerKind::Ursula | ServerKind::UrsulaOld => {
+            let bin = match (kind, &env.ursula_old_bin) {
+                (ServerKind::UrsulaOld, Some(b)) => b.clone(),
+                _ => env.ursula_bin.clone(),
+            };
+            let mut a = vec![
                 "server".into(),
                 "--listen".into(),
                 listen,
                 "--data-dir".into(),
                 data.display().to_string(),
-            ],
+            ];
+            if kind == ServerKind::Ursula
+                && let Some(toml) = ursula_config
+            {
+                let path = dir.path().join("ursula.toml");
+                std::fs::write(&path, toml)?;
+                a.extend(["--config".into(), path.display().to_string()]);
+            }
+            (bin, a)
+        }
+        ServerKind::DsRust => (
+            peers::ds_rust_bin(&env.peers_dir),
+            peers::ds_rust_args(port, &data),
         ),
+        ServerKind::UrsulaTonbo => {
+            let path = dir.path().join("ursula.toml");
+            std::fs::write(&path, peers::ursula_tonbo_config(port, free_port()?, &data))?;
+            (
+                peers::ursula_tonbo_bin(&env.peers_dir),
+                vec![
+                    "server".into(),
+                    "--config".into(),
+                    path.display().to_string(),
+                ],
+            )
+        }
         ServerKind::UrsulaMemory => (
             env.ursula_bin.clone(),
             vec![
@@ -274,6 +329,7 @@ pub fn start(kind: ServerKind, env: &Env) -> Result<Running> {
     let mut running = Running {
         port,
         pid,
+        layout: (kind == ServerKind::UrsulaTonbo).then_some(peers::URSULA_TONBO_LAYOUT),
         child,
         dir,
     };
@@ -288,6 +344,14 @@ pub fn start(kind: ServerKind, env: &Env) -> Result<Running> {
             );
         }
         if answers_http(addr) {
+            if kind == ServerKind::UrsulaTonbo {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if let Err(e) = peers::create_bucket(port, "bench", left) {
+                    let tail = running.log_tail();
+                    let _ = running.stop();
+                    bail!("{}: {e:#}; log:\n{tail}", kind.name());
+                }
+            }
             return Ok(running);
         }
         if Instant::now() >= deadline {
@@ -301,6 +365,27 @@ pub fn start(kind: ServerKind, env: &Env) -> Result<Running> {
         }
         std::thread::sleep(Duration::from_millis(25));
     }
+}
+
+/// The status of one bodiless request to 127.0.0.1:`port`, or None.
+pub fn http_status(port: u16, method: &str, path: &str) -> Option<u16> {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut buf = [0u8; 12];
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got += n,
+        }
+    }
+    let line = std::str::from_utf8(&buf[..got]).ok()?;
+    line.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok()
 }
 
 /// True if something on `addr` answers an HTTP request with a status line.

@@ -18,6 +18,7 @@ use crate::cli::AppendArgs;
 use crate::client::{
     Conn, Endpoint, OCTET_STREAM, PRODUCER_EPOCH, PRODUCER_ID, PRODUCER_SEQ, error_kind, header_str,
 };
+use crate::procfs::{CpuProbe, ServerCpu, fmt_cpu};
 use crate::report::{Header, fmt_latency, fmt_num, kv_table};
 use crate::stats::{Errors, Histogram, Latency};
 
@@ -39,6 +40,8 @@ pub struct AppendReport {
     pub latency: Latency,
     pub errors: Errors,
     pub reconnects: u64,
+    /// Server CPU over the measured window, per acknowledged append.
+    pub server_cpu: Option<ServerCpu>,
 }
 
 impl AppendReport {
@@ -64,6 +67,7 @@ impl AppendReport {
                 ("latency", fmt_latency(&self.latency)),
                 ("errors", self.errors.summary()),
                 ("reconnects", self.reconnects.to_string()),
+                ("server CPU", fmt_cpu(&self.server_cpu)),
             ],
         )
     }
@@ -97,10 +101,12 @@ pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
         .iter()
         .map(|n| ep.target.stream_uri(n))
         .collect::<Result<Vec<_>>>()?;
-    let rejected = create_streams(&ep, &uris, &OCTET_STREAM, args.connections.min(16)).await?;
+    // Setup only: enough connections that creating 100,000 streams stays short.
+    let rejected = create_streams(&ep, &uris, &OCTET_STREAM, args.connections.min(64)).await?;
     let uris: Arc<[http::Uri]> = uris.into();
     let body = Bytes::from(vec![b'x'; args.body_size]);
     let window = Window::new(args.warmup, args.duration);
+    let cpu = CpuProbe::over(args.server_pid, window.start, window.end);
 
     let mut tasks = Vec::with_capacity(args.connections);
     for i in 0..args.connections {
@@ -126,6 +132,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
         reconnects += r.reconnects;
     }
     let secs = window.secs();
+    let server_cpu = cpu.finish("append", ok).await;
     Ok(AppendReport {
         header: Header::new("append", &ep.target),
         producer: args.producer,
@@ -139,6 +146,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
         latency: hist.latency_us(),
         errors,
         reconnects,
+        server_cpu,
     })
 }
 

@@ -19,6 +19,7 @@ use super::{check_positive, check_rate, create_streams, run_id, sleep_or_stop, w
 use crate::cli::FanoutArgs;
 use crate::client::{Conn, Endpoint, TEXT_PLAIN, error_kind};
 use crate::payload::{SeqSet, decode, encode, now_ns};
+use crate::procfs::{CpuProbe, ServerCpu, fmt_cpu};
 use crate::report::{Header, fmt_latency, kv_table};
 use crate::sse::{Parser, control_next_offset};
 use crate::stats::{Errors, Histogram, Latency};
@@ -45,6 +46,8 @@ pub struct FanoutReport {
     pub delivery: Latency,
     pub append_latency: Latency,
     pub errors: Errors,
+    /// Server CPU while the writer ran, per delivery (one append reaching one reader).
+    pub server_cpu: Option<ServerCpu>,
 }
 
 impl FanoutReport {
@@ -69,6 +72,7 @@ impl FanoutReport {
                 ("delivery latency", fmt_latency(&self.delivery)),
                 ("append latency", fmt_latency(&self.append_latency)),
                 ("errors", self.errors.summary()),
+                ("server CPU", fmt_cpu(&self.server_cpu)),
             ],
         )
     }
@@ -139,6 +143,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &FanoutArgs) -> Result<FanoutReport> {
     let mut append_hist = Histogram::new();
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let cpu = CpuProbe::start(args.server_pid);
     let started = Instant::now();
     let end = started + args.duration;
     let mut seq = 0u64;
@@ -165,6 +170,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &FanoutArgs) -> Result<FanoutReport> {
         seq += 1;
     }
     let duration_s = started.elapsed().as_secs_f64();
+    let cpu = cpu.finish_later();
 
     let want = sent.unique() * connected_subs.load(Ordering::Relaxed);
     wait_until(Instant::now() + args.grace, || {
@@ -187,6 +193,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &FanoutArgs) -> Result<FanoutReport> {
         reconnects += r.reconnects;
         connected += usize::from(r.connected);
     }
+    let server_cpu = cpu.finish("delivery", deliveries);
     Ok(FanoutReport {
         header: Header::new("fanout", &ep.target),
         subscribers: args.subscribers,
@@ -203,6 +210,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &FanoutArgs) -> Result<FanoutReport> {
         delivery: hist.latency_us(),
         append_latency: append_hist.latency_us(),
         errors,
+        server_cpu,
     })
 }
 

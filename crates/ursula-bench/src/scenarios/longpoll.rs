@@ -18,6 +18,7 @@ use super::{
 use crate::cli::LongpollArgs;
 use crate::client::{Conn, Endpoint, STREAM_NEXT_OFFSET, TEXT_PLAIN, error_kind, header_str};
 use crate::payload::{SeqSet, decode, encode, now_ns};
+use crate::procfs::{CpuProbe, ServerCpu, fmt_cpu};
 use crate::report::{Header, fmt_latency, kv_table};
 use crate::stats::{Errors, Histogram, Latency};
 use crate::target::valid_offset;
@@ -44,6 +45,8 @@ pub struct LongpollReport {
     pub wake: Latency,
     pub append_latency: Latency,
     pub errors: Errors,
+    /// Server CPU while the writer ran, per delivery (one append reaching one reader).
+    pub server_cpu: Option<ServerCpu>,
 }
 
 impl LongpollReport {
@@ -72,6 +75,7 @@ impl LongpollReport {
                 ("wake-up latency", fmt_latency(&self.wake)),
                 ("append latency", fmt_latency(&self.append_latency)),
                 ("errors", self.errors.summary()),
+                ("server CPU", fmt_cpu(&self.server_cpu)),
             ],
         )
     }
@@ -147,6 +151,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &LongpollArgs) -> Result<LongpollRepor
     let mut append_hist = Histogram::new();
     let mut ticker = tokio::time::interval(Duration::from_secs_f64(1.0 / args.rate));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let cpu = CpuProbe::start(args.server_pid);
     let started = Instant::now();
     let end = started + args.duration;
     let mut seq = 0u64;
@@ -174,6 +179,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &LongpollArgs) -> Result<LongpollRepor
         seq += 1;
     }
     let duration_s = started.elapsed().as_secs_f64();
+    let cpu = cpu.finish_later();
     let expected: u64 = sent
         .iter()
         .zip(&ready_per_stream)
@@ -199,6 +205,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &LongpollArgs) -> Result<LongpollRepor
         errors.merge(&r.errors);
     }
     let appends_sent: u64 = sent.iter().map(SeqSet::unique).sum();
+    let server_cpu = cpu.finish("delivery", deliveries);
     Ok(LongpollReport {
         header: Header::new("longpoll", &ep.target),
         readers: args.readers,
@@ -220,6 +227,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &LongpollArgs) -> Result<LongpollRepor
         wake: hist.latency_us(),
         append_latency: append_hist.latency_us(),
         errors,
+        server_cpu,
     })
 }
 

@@ -3,9 +3,11 @@
 
 pub mod append;
 pub mod cold_soak;
+pub mod create;
 pub mod fanout;
 pub mod idle;
 pub mod longpoll;
+pub mod mixed;
 pub mod read;
 
 use std::sync::Arc;

@@ -18,6 +18,7 @@ use crate::cli::ReadArgs;
 use crate::client::{
     Conn, Endpoint, OCTET_STREAM, STREAM_NEXT_OFFSET, error_kind, header_str, up_to_date,
 };
+use crate::procfs::{CpuProbe, ServerCpu, fmt_cpu};
 use crate::report::{Header, fmt_latency, fmt_num, kv_table};
 use crate::stats::{Errors, Histogram, Latency};
 use crate::target::valid_offset;
@@ -43,6 +44,24 @@ pub struct ReadReport {
     pub mb_per_s: f64,
     pub latency: Latency,
     pub errors: Errors,
+    /// The server's tier metrics when the read started (servers with
+    /// `/__ursula/metrics` only).
+    pub cold: Option<ColdState>,
+    /// Server CPU over the measured window, per GET.
+    pub server_cpu: Option<ServerCpu>,
+}
+
+/// Where the pre-filled bytes were when the measured reads began.
+#[derive(Debug, Serialize)]
+pub struct ColdState {
+    pub cold_bytes: u64,
+    pub hot_bytes: u64,
+    /// cold_bytes / bytes pre-filled (the server may hold other streams too).
+    pub cold_fraction: f64,
+    /// The run asked for cold data (`--wait-cold` above zero).
+    pub waited_for_cold: bool,
+    /// How long the scenario waited for the flushes.
+    pub waited_s: f64,
 }
 
 impl ReadReport {
@@ -63,6 +82,21 @@ impl ReadReport {
                 ("stream reads/s", fmt_num(self.stream_reads_per_s)),
                 ("latency (per GET)", fmt_latency(&self.latency)),
                 ("errors", self.errors.summary()),
+                (
+                    "cold at start",
+                    self.cold
+                        .as_ref()
+                        .map_or("n/a (no tier metrics)".to_owned(), |c| {
+                            format!(
+                                "{} B cold ({:.0} % of the pre-fill), {} B hot, after {:.1} s",
+                                c.cold_bytes,
+                                c.cold_fraction * 100.0,
+                                c.hot_bytes,
+                                c.waited_s
+                            )
+                        }),
+                ),
+                ("server CPU", fmt_cpu(&self.server_cpu)),
             ],
         )
     }
@@ -71,6 +105,12 @@ impl ReadReport {
         let mut p = Vec::new();
         if self.bytes == 0 {
             p.push("read: no bytes read".to_owned());
+        }
+        if let Some(c) = &self.cold
+            && c.waited_for_cold
+            && c.cold_bytes == 0
+        {
+            p.push(format!("read: nothing was cold after {:.1} s", c.waited_s));
         }
         if !self.errors.is_empty() {
             p.push(format!("read: errors {}", self.errors.summary()));
@@ -104,6 +144,8 @@ pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
         create_streams(&ep, &uris, &OCTET_STREAM, args.connections).await?,
     );
     errors.add_n("prefill", prefill(&ep, &uris, args).await?);
+    let written = (args.streams * args.stream_bytes) as u64;
+    let cold = wait_cold(&ep, written, args.wait_cold, args.cold_target).await;
 
     let paths: Arc<[String]> = names
         .iter()
@@ -111,6 +153,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
         .collect::<Vec<_>>()
         .into();
     let window = Window::new(args.warmup, args.duration);
+    let cpu = CpuProbe::over(args.server_pid, window.start, window.end);
     let mut tasks = Vec::with_capacity(args.connections);
     for i in 0..args.connections {
         let ep = ep.clone();
@@ -131,6 +174,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
     }
     errors.merge(&total.errors);
     let secs = window.secs();
+    let server_cpu = cpu.finish("GET", total.reads).await;
     Ok(ReadReport {
         header: Header::new("read", &ep.target),
         streams: args.streams,
@@ -146,7 +190,39 @@ pub async fn run(ep: Arc<Endpoint>, args: &ReadArgs) -> Result<ReadReport> {
         mb_per_s: total.bytes as f64 / secs / 1e6,
         latency: total.hist.latency_us(),
         errors,
+        cold,
+        server_cpu,
     })
+}
+
+/// With `wait > 0`, poll the tier metrics until the cold tier holds `target` of
+/// what was written (or the time is up); without the metrics or their
+/// `cold_bytes` (a peer server, an older build), return at once.
+async fn wait_cold(
+    ep: &Arc<Endpoint>,
+    written: u64,
+    wait: Duration,
+    target: f64,
+) -> Option<ColdState> {
+    let mut conn = Conn::new(ep.clone());
+    let started = Instant::now();
+    let deadline = started + wait;
+    loop {
+        let m = super::cold_soak::fetch_metrics(&mut conn).await?;
+        // No `cold_bytes` metric: a server without this cold tier; read at once.
+        let cold_bytes = *m.get("cold_bytes")?;
+        let state = ColdState {
+            cold_bytes,
+            hot_bytes: m.get("hot_bytes").copied().unwrap_or(0),
+            cold_fraction: cold_bytes as f64 / written.max(1) as f64,
+            waited_for_cold: !wait.is_zero(),
+            waited_s: started.elapsed().as_secs_f64(),
+        };
+        if wait.is_zero() || state.cold_fraction >= target || Instant::now() >= deadline {
+            return Some(state);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Fill each stream; returns how many appends were rejected.
