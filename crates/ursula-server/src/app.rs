@@ -242,6 +242,26 @@ impl App {
         refused
     }
 
+    /// Runs `pass` every `every` (the first right away) until shutdown.
+    pub fn spawn_every<F, Fut>(self: &Arc<Self>, every: Duration, mut pass: F)
+    where
+        F: FnMut(Arc<App>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let app = self.clone();
+        tokio::spawn(async move {
+            let mut stop = app.shutdown.subscribe();
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.changed() => return,
+                }
+                pass(app.clone()).await;
+            }
+        });
+    }
+
     /// Background upkeep: lapse expired streams, deliver outboxes, release stale pins.
     pub fn spawn_upkeep(self: &Arc<Self>) {
         let app = self.clone();

@@ -336,23 +336,14 @@ pub fn spawn_sweep(app: &Arc<App>) {
     if app.tiering.is_none() {
         return;
     }
-    let app = app.clone();
     let (every, grace) = (
         app.cfg.storage.cold.snapshot_part_sweep_interval,
         app.cfg.storage.cold.snapshot_part_grace,
     );
-    tokio::spawn(async move {
-        let mut stop = app.shutdown.subscribe();
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
-            for group in 0..app.node.group_count() {
-                if let Err(e) = sweep_group(&app, group, grace).await {
-                    tracing::warn!(group, error = %e, "external payload sweep failed; it runs again next tick");
-                }
+    app.spawn_every(every, move |app| async move {
+        for group in 0..app.node.group_count() {
+            if let Err(e) = sweep_group(&app, group, grace).await {
+                tracing::warn!(group, error = %e, "external payload sweep failed; it runs again next tick");
             }
         }
     });

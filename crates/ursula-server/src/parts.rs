@@ -395,19 +395,13 @@ pub fn spawn_sweep(app: &Arc<App>) {
     let Some(t) = app.tiering.clone() else {
         return;
     };
-    let app = app.clone();
     let (every, grace) = (
         app.cfg.storage.cold.snapshot_part_sweep_interval,
         app.cfg.storage.cold.snapshot_part_grace,
     );
-    tokio::spawn(async move {
-        let mut stop = app.shutdown.subscribe();
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
+    app.spawn_every(every, move |app| {
+        let t = t.clone();
+        async move {
             match sweep_once(&app, &*t.store, grace).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(deleted = n, "orphan sweep reclaimed snapshot objects"),
