@@ -1,7 +1,7 @@
 //! Per-group Raft metrics (cluster.md §13, issue 13): for every group this node runs, its
 //! role, term, leader, log and apply positions, and on a leader the replication lag of each
 //! peer. Prometheus gets them with `group` (and `peer`) labels; the JSON metrics a
-//! `raft_groups` array. A term that keeps rising counts elections.
+//! `raft_group_metrics` array. A term that keeps rising counts elections.
 
 use crate::app::App;
 use std::fmt::Write;

@@ -15,7 +15,7 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     let (status, body, ct) = match path.as_slice() {
         ["metrics"] => {
             let mut j = app.metrics.json(&extra_metrics(app));
-            j["raft_groups"] = raft_metrics::json(&raft_metrics::rows(app));
+            j["raft_group_metrics"] = raft_metrics::json(&raft_metrics::rows(app));
             (StatusCode::OK, j.to_string(), "application/json")
         }
         ["metrics", "prometheus"] => (
