@@ -58,7 +58,12 @@ fn a_streamed_body_never_continues_with_a_recreated_streams_bytes() {
 
     // Start the read and take only the head: the server stops sending once the socket is
     // full, with most of the body still to fetch from the cold tier.
-    let mut c = TcpStream::connect(s.addr()).unwrap();
+    // A small receive buffer (set before connecting, so the window stays small): the kernel
+    // would otherwise take the whole 16 MiB body before the stream is deleted.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.set_recv_buffer_size(64 * 1024).unwrap();
+    sock.connect(&s.addr().into()).unwrap();
+    let mut c: TcpStream = sock.into();
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     c.write_all(b"GET /srbk/s HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         .unwrap();
