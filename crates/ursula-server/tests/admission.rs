@@ -61,6 +61,19 @@ fn bodies_in_flight_are_bounded_and_released() {
         .unwrap();
     let r = chunked.read_response(false).unwrap();
     assert_error(&r, 503, "INGRESS_BODY_BYTES_LIMIT_REACHED");
+    // A request with neither a length nor chunked framing has an empty body: it reserves
+    // nothing and goes through.
+    let mut bare = Conn::open(s.addr(), Duration::from_secs(10)).unwrap();
+    bare.write_raw(
+        format!(
+            "PUT /budget/bare HTTP/1.1\r\nHost: {}\r\nContent-Type: {OCTET}\r\n\r\n",
+            s.addr()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    let r = bare.read_response(false).unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
     // One that fits goes through meanwhile.
     assert_eq!(s.post("/budget/s", OCTET, &[2u8; 1000]).status, 204);
 

@@ -72,15 +72,18 @@ async fn read_copying_below<'a>(
     copy_below: usize,
     reserve: bool,
 ) -> Result<(Bytes, Charge<'a>), ApiError> {
+    // `Content-Length`, else the body's exact size (a request with neither a length nor
+    // chunked framing has an empty body).
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or_else(|| http_body::Body::size_hint(&body).exact());
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large(limit));
     }
-    // Reserved before any of the body is read: the declared length, else the route's limit
-    // (protocol.md §2.4).
+    // Reserved before any of the body is read: the declared or exact length, else the
+    // route's limit (protocol.md §2.4).
     let size = if reserve {
         declared.unwrap_or(limit)
     } else {
