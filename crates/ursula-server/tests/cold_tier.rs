@@ -183,7 +183,7 @@ fn retention_and_deletes_let_gc_remove_cold_objects() {
         "cold_objects"
     ) >= 3));
     let objects = metric(&s, "cold_objects");
-    let chunk_files = || count_files(&tmp.path().join("data/cold"));
+    let chunk_files = || common::files_below(&tmp.path().join("data/cold"));
     let files_before = chunk_files();
     assert!(files_before >= objects as usize);
 
@@ -226,21 +226,6 @@ fn retention_and_deletes_let_gc_remove_cold_objects() {
         "objects left after delete: {}",
         s.metrics()
     );
-}
-
-fn count_files(dir: &Path) -> usize {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| {
-            if e.path().is_dir() {
-                count_files(&e.path())
-            } else {
-                1
-            }
-        })
-        .sum()
 }
 
 #[test]

@@ -40,22 +40,6 @@ fn bytes_below(dir: &Path) -> u64 {
         .sum()
 }
 
-/// Files below `dir`.
-fn files_below(dir: &Path) -> usize {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    rd.flatten()
-        .map(|e| {
-            if e.path().is_dir() {
-                files_below(&e.path())
-            } else {
-                1
-            }
-        })
-        .sum()
-}
-
 /// A node with a small flush threshold (so hot bytes around external payloads get flushed),
 /// in `dir/data`.
 fn start(dir: &Path) -> Server {
@@ -98,7 +82,11 @@ fn large_appends_go_to_the_cold_store_and_read_back_exact_everywhere() {
     }
     // The externals are objects of their own; the WAL holds references, not their bytes.
     let external = data.join("cold/external");
-    assert_eq!(files_below(&external), 2, "one object per external payload");
+    assert_eq!(
+        common::files_below(&external),
+        2,
+        "one object per external payload"
+    );
     assert_eq!(metric(&s, "external_payloads_total"), 2);
     assert_eq!(metric(&s, "external_payload_bytes_total"), 3 * MIB as u64);
     assert!(bytes_below(&external) >= 3 * MIB as u64);
@@ -159,7 +147,7 @@ fn large_appends_go_to_the_cold_store_and_read_back_exact_everywhere() {
     assert_eq!(r.status, 201, "{}", r.text());
     let ndjson: String = records.iter().map(|r| format!("{r}\n")).collect();
     assert!(ndjson.len() >= MIB);
-    assert_eq!(files_below(&external), 4);
+    assert_eq!(common::files_below(&external), 4);
 
     // Restart, then SIGKILL and restart: everything reads back from the references.
     s.terminate();
@@ -196,9 +184,14 @@ fn large_appends_go_to_the_cold_store_and_read_back_exact_everywhere() {
     assert_eq!(s.delete("/extp/j").status, 204);
     // The stream deleted last (j) has had its object removed once nothing is queued, so
     // anything the source's delete had queued would be gone by then too.
-    let settled = || metric(&s, "cold_gc_queued_objects") == 0 && files_below(&external) <= 3;
+    let settled =
+        || metric(&s, "cold_gc_queued_objects") == 0 && common::files_below(&external) <= 3;
     assert!(wait_until(Duration::from_secs(20), settled));
-    assert_eq!(files_below(&external), 3, "GC deleted what the fork reads");
+    assert_eq!(
+        common::files_below(&external),
+        3,
+        "GC deleted what the fork reads"
+    );
     let (fork, _) = s.read_all("/extp/f");
     assert!(
         fork == fork_want,
@@ -207,9 +200,10 @@ fn large_appends_go_to_the_cold_store_and_read_back_exact_everywhere() {
     // Deleting the fork releases the pin, the source goes, and GC removes every object.
     assert_eq!(s.delete("/extp/f").status, 204);
     assert!(
-        wait_until(Duration::from_secs(20), || files_below(&external) == 0),
+        wait_until(Duration::from_secs(20), || common::files_below(&external)
+            == 0),
         "external objects left after the deletes: {}",
-        files_below(&external)
+        common::files_below(&external)
     );
 }
 
@@ -228,12 +222,16 @@ fn a_producer_retry_of_a_large_append_appends_once_and_leaks_nothing() {
     ];
     let first = s.req("POST", "/dupe/a", &hdrs, &body);
     assert!(matches!(first.status, 200 | 204), "{}", first.text());
-    assert_eq!(files_below(&external), 1);
+    assert_eq!(common::files_below(&external), 1);
     // The retry is answered as a duplicate without uploading the body again.
     let again = s.req("POST", "/dupe/a", &hdrs, &body);
     assert!(matches!(again.status, 200 | 204), "{}", again.text());
     assert_eq!(again.next_offset(), 2 * MIB as u64);
-    assert_eq!(files_below(&external), 1, "the retry uploaded its body");
+    assert_eq!(
+        common::files_below(&external),
+        1,
+        "the retry uploaded its body"
+    );
     let (got, _) = s.read_all("/dupe/a");
     assert!(got == body, "appended twice or lost");
     // Another producer's append whose command finds a duplicate only when applied (its
@@ -241,7 +239,7 @@ fn a_producer_retry_of_a_large_append_appends_once_and_leaks_nothing() {
     // A refused large append (wrong content type) leaves no object either.
     let r = s.post("/dupe/a", "text/plain", &body);
     assert_error(&r, 409, "CONTENT_TYPE_MISMATCH");
-    assert!(wait_until(Duration::from_secs(20), || files_below(
+    assert!(wait_until(Duration::from_secs(20), || common::files_below(
         &external
     ) == 1));
 }
@@ -301,7 +299,7 @@ fn the_threshold_is_configurable() {
     assert_eq!(s.put("/thre/a", OCTET, b"").status, 201);
     let body = pattern(6, 0, 100 * 1024);
     assert_eq!(s.post("/thre/a", OCTET, &body).status, 204);
-    assert_eq!(files_below(&data.join("cold/external")), 1);
+    assert_eq!(common::files_below(&data.join("cold/external")), 1);
     let (got, _) = s.read_all("/thre/a");
     assert!(got == body);
 }

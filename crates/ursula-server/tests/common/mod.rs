@@ -1066,3 +1066,19 @@ impl Rng {
         lo + self.next_u64() % (hi - lo + 1)
     }
 }
+
+/// Regular files below `dir`, at any depth (0 if it does not exist).
+pub fn files_below(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            if e.path().is_dir() {
+                files_below(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
