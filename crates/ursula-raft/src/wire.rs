@@ -11,6 +11,7 @@
 //! | 1 append-entries | `bincode((vote, prev_log_id, leader_commit))`, `count u32 LE`, per entry `len u32 LE` + the WAL entry encoding ([`crate::codec::encode_entry`]) | `bincode(Result<AppendEntriesResponse, RaftError>)` |
 //! | 2 vote | `bincode(VoteRequest)` | `bincode(Result<VoteResponse, RaftError>)` |
 //! | 4 propose (a cross-group request to the group's leader) | `Command::encode` (current schema) | `bincode(Result<Response, RemoteProposeError>)` |
+//! | 5 elect (a leader hands a group's leadership to this node) | empty | `bincode(Result<(), String>)` |
 //! | 3 install-snapshot chunk | `bincode(InstallSnapshotRequest)` (one chunk of at most `snapshot_max_chunk_size` bytes) | `bincode(Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>)` |
 //!
 //! Entries travel in the WAL's own entry encoding (versioned, and the one every node already
@@ -41,6 +42,7 @@ pub(crate) const KIND_APPEND: u8 = 1;
 pub(crate) const KIND_VOTE: u8 = 2;
 pub(crate) const KIND_SNAPSHOT: u8 = 3;
 pub(crate) const KIND_PROPOSE: u8 = 4;
+pub(crate) const KIND_ELECT: u8 = 5;
 
 /// A decoded request.
 pub(crate) enum Request {
@@ -48,6 +50,8 @@ pub(crate) enum Request {
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     Propose(Command),
+    /// Campaign now: the group's leader is handing its leadership over (transfer.rs).
+    Elect,
 }
 
 /// A [`ProposeError`] as it travels back from the node that was asked to propose.
@@ -102,6 +106,13 @@ pub(crate) fn encode_propose(group: u32, cmd: &Command) -> Result<Vec<u8>, Strin
     let mut out = header(KIND_PROPOSE, group);
     cmd.encode_into(&mut out)?;
     Ok(out)
+}
+
+/// The answer to an elect request: `Err` says why the node will not campaign.
+pub(crate) type ElectResult = Result<(), String>;
+
+pub(crate) fn encode_elect(group: u32) -> Vec<u8> {
+    header(KIND_ELECT, group)
 }
 
 pub(crate) type AppendResult = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
@@ -200,6 +211,7 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Result<(u32, Request), String> {
         KIND_VOTE => Request::Vote(bincode::deserialize(rd).map_err(|e| e.to_string())?),
         KIND_SNAPSHOT => Request::Snapshot(bincode::deserialize(rd).map_err(|e| e.to_string())?),
         KIND_PROPOSE => Request::Propose(Command::decode(Schema::CURRENT, rd)?),
+        KIND_ELECT => Request::Elect,
         k => return Err(format!("unknown raft rpc kind {k}")),
     };
     Ok((group, req))
