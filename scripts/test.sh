@@ -21,7 +21,7 @@ cargo build --workspace --release --bins
 step "cargo test (unit, property, integration, crash, bad input)"
 cargo test --workspace --release -- --test-threads=2
 
-step "ColdStore suite against a real S3-compatible server (moto, started and stopped here)"
+step "ColdStore suite, one node and a 3-node cluster against a real S3-compatible server (moto)"
 "$ROOT/scripts/s3-suite.sh" --release
 
 step "conformance suite against a durable node"

@@ -276,6 +276,38 @@ impl Node {
         .map(|r| r.text())
     }
 
+    /// Reads `path` from offset 0 up to `upto` bytes with catch-up reads served by this node
+    /// alone (each asks `max_bytes` of what is missing, so none reaches a tail the node would
+    /// redirect). `None` if an answer is not `200` (e.g. a `307`: the node lacks the bytes).
+    pub fn read_local(&self, path: &str, upto: usize) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut off = super::off20(0);
+        for _ in 0..10_000 {
+            if out.len() >= upto {
+                return Some(out);
+            }
+            let q = format!("{path}?offset={off}&max_bytes={}", upto - out.len());
+            let r = self
+                .request("GET", &q, &[], b"", Duration::from_secs(5))
+                .ok()?;
+            if r.status != 200 || r.body.is_empty() {
+                return None;
+            }
+            out.extend_from_slice(&r.body);
+            off = r.header("stream-next-offset")?.to_owned();
+        }
+        None
+    }
+
+    /// A number of the node's JSON metrics (`/__ursula/metrics`), 0 if absent.
+    pub fn metric(&self, name: &str) -> u64 {
+        self.request("GET", "/__ursula/metrics", &[], b"", Duration::from_secs(2))
+            .ok()
+            .filter(|r| r.status == 200)
+            .and_then(|r| r.json()[name].as_u64())
+            .unwrap_or(0)
+    }
+
     /// The last `n` lines of the node's log (every start appends to one file).
     pub fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -530,6 +562,33 @@ impl Client {
         )
         .unwrap_or_else(|| panic!("{method} {path}: no answer within {CLUSTER_T:?}"))
         .1
+    }
+
+    /// Reads `path` from offset 0 to its tail with catch-up reads starting at node `from`
+    /// (each through [`Client::send`], so the read that reaches the tail ends on the leader).
+    /// Panics on an answer other than `200` or at [`CLUSTER_T`].
+    pub fn read_all(&self, from: usize, path: &str) -> Vec<u8> {
+        let deadline = Instant::now() + CLUSTER_T;
+        let mut out = Vec::new();
+        let mut off = super::off20(0);
+        let mut at = from;
+        while Instant::now() < deadline {
+            let q = format!("{path}?offset={off}");
+            let (i, r) = self
+                .send(at, "GET", &q, &[], b"", deadline)
+                .unwrap_or_else(|| panic!("GET {q}: no answer"));
+            assert_eq!(r.status, 200, "GET {q}: {}", r.describe());
+            out.extend_from_slice(&r.body);
+            if r.header("stream-up-to-date") == Some("true") {
+                return out;
+            }
+            off = r
+                .header("stream-next-offset")
+                .expect("Stream-Next-Offset")
+                .to_owned();
+            at = i;
+        }
+        panic!("read_all {path}: not at the tail within {CLUSTER_T:?}");
     }
 }
 
