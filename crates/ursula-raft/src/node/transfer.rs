@@ -33,6 +33,10 @@ use crate::wire::{self, ElectResult};
 
 /// How long the leader waits for a target's answer to an elect request.
 const ELECT_RPC_TIMEOUT: Duration = Duration::from_millis(500);
+/// A transfer pauses the group only once the target is at most this many entries behind.
+const CATCH_UP_SLACK: u64 = 64;
+/// The longest a transfer keeps a group's writes paused; then it gives up (`Timeout`).
+const MAX_PAUSE: Duration = Duration::from_millis(1000);
 
 /// Why a transfer did not happen.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -161,7 +165,36 @@ impl Node {
         let timed_out = || TransferError::Timeout {
             leader: self.leader_of(group),
         };
-        // 1. Pause: no batch in flight, none submitted until the permits are dropped.
+        // 1. Before pausing anything, let the target come within a few entries of this log
+        // (a node that just restarted may be far behind).
+        let near = g
+            .raft
+            .wait(Some(left()))
+            .metrics(
+                |m| {
+                    m.current_leader != Some(self.node_id)
+                        || m.replication.as_ref().is_some_and(|r| {
+                            let matched = r.get(&target).copied().flatten().map_or(0, |l| l.index);
+                            matched + CATCH_UP_SLACK >= m.last_log_index.unwrap_or(0)
+                        })
+                },
+                "transfer target nearly caught up",
+            )
+            .await;
+        match near {
+            Ok(m) if m.current_leader != Some(self.node_id) => {
+                return Err(TransferError::NotLeader {
+                    leader: m.current_leader,
+                });
+            }
+            Ok(_) => {}
+            Err(_) => return Err(timed_out()),
+        }
+        // Then pause: no batch in flight, none submitted until the permits are dropped. The
+        // pause is bounded by MAX_PAUSE whatever the caller's deadline: writes wait at most
+        // that long for a hand-over that does not come.
+        let deadline = deadline.min(Instant::now() + MAX_PAUSE);
+        let left = || deadline.saturating_duration_since(Instant::now());
         let paused =
             tokio::time::timeout(left(), g.inflight.acquire_many(MAX_INFLIGHT_BATCHES as u32))
                 .await;
@@ -324,6 +357,10 @@ impl Node {
                     Ok(_) | Err(TransferError::NotLeader { .. }) => return,
                     Err(TransferError::Refused { target, reason }) => {
                         tracing::info!(group, target, %reason, "transfer target refused");
+                        refused.push(target);
+                    }
+                    Err(e @ TransferError::Timeout { .. }) => {
+                        tracing::info!(group, target, error = %e, "trying another target");
                         refused.push(target);
                     }
                     Err(e) => {

@@ -127,6 +127,22 @@ impl Node {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
+    /// The admin listener's address of the latest start (from its "ursula listening" log
+    /// line), when the node runs one (`--admin-listen 127.0.0.1:0`).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        let log = std::fs::read_to_string(&self.log).ok()?;
+        let line = log
+            .lines()
+            .rev()
+            .map(super::strip_ansi)
+            .find(|l| l.contains("ursula listening"))?;
+        let rest = &line[line.find("admin_addr=")? + "admin_addr=".len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | ':')))
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
+    }
+
     /// `http://127.0.0.1:{port}`, the node's peer URL.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
