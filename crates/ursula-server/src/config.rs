@@ -71,6 +71,10 @@ pub struct Config {
 pub struct ServerSection {
     pub listen: Option<SocketAddr>,
     pub admin_listen: Option<SocketAddr>,
+    /// A listener of its own for the Raft RPCs (which then leave `listen`). It serves the
+    /// client routes too: peer URLs point at it, and clients are redirected to peer URLs.
+    /// Default: unset (the RPCs share `listen`).
+    pub cluster_listen: Option<SocketAddr>,
     /// Recorded in the data directory on first start; a node whose data directory belongs to
     /// another cluster refuses to start. Default: unset (nothing checked).
     pub cluster_id: Option<String>,

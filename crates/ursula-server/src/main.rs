@@ -75,6 +75,10 @@ struct ServerArgs {
     /// Admin-plane listener for operator endpoints (purge) [default: off; e.g. 127.0.0.1:4438].
     #[arg(long, env = "URSULA_ADMIN_LISTEN")]
     admin_listen: Option<std::net::SocketAddr>,
+    /// A listener of its own for the Raft RPCs of a cluster (it serves client routes too; peer
+    /// URLs point at it) [default: unset: the RPCs share --listen].
+    #[arg(long, env = "URSULA_CLUSTER_LISTEN")]
+    cluster_listen: Option<std::net::SocketAddr>,
     /// Data directory [default: ./ursula-data].
     #[arg(long, env = "URSULA_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -145,6 +149,9 @@ impl ServerArgs {
         }
         if self.admin_listen.is_some() {
             c.admin_listen = self.admin_listen;
+        }
+        if self.cluster_listen.is_some() {
+            c.server.cluster_listen = self.cluster_listen;
         }
         if let Some(v) = self.data_dir {
             c.data_dir = v;
@@ -263,11 +270,20 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         Some(l) => l.local_addr()?.to_string(),
         None => "off".to_owned(),
     };
+    let cluster_listener = match cfg.server.cluster_listen {
+        Some(a) => Some(tokio::net::TcpListener::bind(a).await?),
+        None => None,
+    };
+    let cluster_addr = match &cluster_listener {
+        Some(l) => l.local_addr()?.to_string(),
+        None => "shared".to_owned(),
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
     let addr = listener.local_addr()?;
     tracing::info!(
         %addr,
         %admin_addr,
+        %cluster_addr,
         data_dir = %cfg.data_dir.display(),
         groups = cfg.group_count,
         recovery_ms = started.elapsed().as_millis() as u64,
@@ -294,6 +310,13 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     tokio::spawn(fail_stop_on_storage_failure(node.clone()));
     if node.has_peers() {
         tokio::spawn(report_leaders(node.clone()));
+    }
+    if let Some(l) = cluster_listener {
+        let mut stop = app.shutdown.subscribe();
+        let stopped = async move {
+            let _ = stop.changed().await;
+        };
+        tokio::spawn(server::run(l, app.clone(), stopped, http::handle_cluster));
     }
     if let Some(admin) = admin {
         let mut stop = app.shutdown.subscribe();

@@ -292,3 +292,42 @@ fn transfer_and_maintenance_routes() {
     );
     assert_eq!(r.status, 200, "{}", r.describe());
 }
+
+#[test]
+fn a_separate_cluster_listener_carries_the_raft_rpcs() {
+    let mut spec = ClusterSpec::new(3);
+    spec.group_count = 2;
+    spec.cluster_listen = true;
+    let mut c = Cluster::start(spec);
+    c.wait_ready();
+    let client_plane = c.nodes[0].addr();
+    let cluster_plane = std::net::SocketAddr::from(([127, 0, 0, 1], c.nodes[0].cluster_port));
+    // The RPC path is not served on the client listener any more; the cluster listener
+    // refuses a frame that is not one.
+    let r = common::request(client_plane, "POST", "/__ursula/raft/v1", &[], b"junk");
+    assert_eq!(r.status, 404, "{}", r.describe());
+    let r = common::request(cluster_plane, "POST", "/__ursula/raft/v1", &[], b"junk");
+    assert_eq!(r.status, 400, "{}", r.describe());
+
+    // A follower redirects to the leader's peer URL, the cluster listener, which serves the
+    // client routes too.
+    let put = [("content-type", "text/plain")];
+    let mut redirected = None;
+    assert!(wait_until(T, || {
+        redirected = (0..3).find_map(|i| {
+            let r = common::request(c.nodes[i].addr(), "PUT", "/clus/s", &put, b"");
+            (r.status == 307).then(|| r.header("location").unwrap().to_owned())
+        });
+        redirected.is_some()
+    }));
+    let (addr, path) = common::cluster::split_location(&redirected.unwrap()).unwrap();
+    let lead = (0..3)
+        .find(|&i| c.nodes[i].cluster_port == addr.port())
+        .expect("a cluster port");
+    let r = common::request(addr, "PUT", &path, &put, b"");
+    assert!(r.status / 100 == 2, "{}", r.describe());
+    let r = common::request(addr, "POST", "/clus/s", &put, b"hello");
+    assert!(r.status / 100 == 2, "{}", r.describe());
+    let r = common::request(c.nodes[lead].addr(), "GET", "/clus/s?offset=-1", &[], b"");
+    assert_eq!(r.text(), "hello", "{}", r.describe());
+}

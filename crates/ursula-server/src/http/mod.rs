@@ -43,12 +43,26 @@ Stream-Closed, Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset, P
 Producer-Epoch, Producer-Seq, Stream-Incarnation, Stream-Record-Match, Stream-Attrs, \
 Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Match, Authorization";
 
-/// Answers one request.
+/// Answers one request of the client plane. It carries the Raft RPCs too, unless
+/// `server.cluster_listen` gives them a listener of their own ([`handle_cluster`]).
 pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
-    inc(&app.metrics.requests, 1);
+    if req.uri().path() == crate::cluster::RAFT_PATH && app.cfg.server.cluster_listen.is_none() {
+        return crate::cluster::serve_rpc(&app, req).await;
+    }
+    serve(app, req).await
+}
+
+/// Answers one request on `server.cluster_listen`: the Raft RPCs, and every client route (a
+/// peer URL is also where clients are redirected to).
+pub async fn handle_cluster(app: Arc<App>, req: Request<Body>) -> Resp {
     if req.uri().path() == crate::cluster::RAFT_PATH {
         return crate::cluster::serve_rpc(&app, req).await;
     }
+    serve(app, req).await
+}
+
+async fn serve(app: Arc<App>, req: Request<Body>) -> Resp {
+    inc(&app.metrics.requests, 1);
     let origin = req.headers().get(header::ORIGIN).cloned();
     let mut resp = if let Err(e) = host::check(&app, &req) {
         error::render(e)

@@ -58,6 +58,8 @@ pub struct ClusterSpec {
     pub top_toml: String,
     /// Extra command-line arguments for every node.
     pub args: Vec<String>,
+    /// Give every node a `--cluster-listen` port of its own; the peer URLs point at it.
+    pub cluster_listen: bool,
 }
 
 impl ClusterSpec {
@@ -70,6 +72,7 @@ impl ClusterSpec {
             cold_toml: String::new(),
             top_toml: String::new(),
             args: Vec::new(),
+            cluster_listen: false,
         }
     }
 
@@ -114,6 +117,8 @@ pub struct Node {
     /// Raft node id (`index + 1`).
     pub id: u64,
     pub port: u16,
+    /// The port of its peer URL: `port`, or its `--cluster-listen` port.
+    pub cluster_port: u16,
     /// Data directory (kept across restarts).
     pub dir: PathBuf,
     config: PathBuf,
@@ -356,19 +361,32 @@ impl Cluster {
     pub fn start(spec: ClusterSpec) -> Cluster {
         let root = tempfile::tempdir().unwrap();
         let ports = free_ports(spec.nodes);
+        let cluster_ports = if spec.cluster_listen {
+            free_ports(spec.nodes)
+        } else {
+            ports.clone()
+        };
         let config = root.path().join("cluster.toml");
-        std::fs::write(&config, spec.toml(root.path(), &ports)).unwrap();
+        std::fs::write(&config, spec.toml(root.path(), &cluster_ports)).unwrap();
         let nodes = ports
             .iter()
+            .zip(&cluster_ports)
             .enumerate()
-            .map(|(i, &port)| Node {
-                id: i as u64 + 1,
-                port,
-                dir: root.path().join(format!("node{}", i + 1)),
-                log: root.path().join(format!("node{}.log", i + 1)),
-                config: config.clone(),
-                args: spec.args.clone(),
-                child: None,
+            .map(|(i, (&port, &cport))| {
+                let mut args = spec.args.clone();
+                if spec.cluster_listen {
+                    args.extend(["--cluster-listen".into(), format!("127.0.0.1:{cport}")]);
+                }
+                Node {
+                    id: i as u64 + 1,
+                    port,
+                    cluster_port: cport,
+                    dir: root.path().join(format!("node{}", i + 1)),
+                    log: root.path().join(format!("node{}.log", i + 1)),
+                    config: config.clone(),
+                    args,
+                    child: None,
+                }
             })
             .collect();
         let mut c = Cluster { nodes, spec, root };
