@@ -95,6 +95,41 @@ pub struct RaftSection {
     pub init_membership: bool,
     /// `[[raft.peers]]`: every voter, this node included. Empty: a one-node cluster.
     pub peers: Vec<PeerConfig>,
+    /// How often a leader heartbeats each peer; openraft also gives up on an append-entries
+    /// RPC after this long, so it bounds a follower's WAL write + fsync. Default: 50 ms.
+    #[serde(deserialize_with = "opt_duration")]
+    pub heartbeat_interval: Option<std::time::Duration>,
+    /// A follower campaigns after its leader lease (`election_timeout_max`) plus a random
+    /// timeout in `election_timeout_min..election_timeout_max` without hearing from its
+    /// leader. Defaults: 150 ms and 300 ms.
+    #[serde(deserialize_with = "opt_duration")]
+    pub election_timeout_min: Option<std::time::Duration>,
+    #[serde(deserialize_with = "opt_duration")]
+    pub election_timeout_max: Option<std::time::Duration>,
+}
+
+impl RaftSection {
+    /// The election and heartbeat timing, defaults filled in.
+    pub fn timing(&self) -> ursula_raft::RaftTiming {
+        let d = ursula_raft::RaftTiming::default();
+        let ms = |v: Option<std::time::Duration>, default: u64| {
+            v.map_or(default, |d| d.as_millis() as u64)
+        };
+        ursula_raft::RaftTiming {
+            heartbeat_ms: ms(self.heartbeat_interval, d.heartbeat_ms),
+            election_min_ms: ms(self.election_timeout_min, d.election_min_ms),
+            election_max_ms: ms(self.election_timeout_max, d.election_max_ms),
+        }
+    }
+}
+
+fn opt_duration<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::time::Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    ursula_storage::cold::config::parse_duration(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 /// `[[raft.peers]]`.
@@ -192,6 +227,17 @@ impl Config {
     fn validate_raft(&self) -> anyhow::Result<()> {
         let r = &self.raft;
         anyhow::ensure!(r.node_id != Some(0), "raft.node_id must be non-zero");
+        let t = r.timing();
+        anyhow::ensure!(
+            0 < t.heartbeat_ms
+                && t.heartbeat_ms < t.election_min_ms
+                && t.election_min_ms < t.election_max_ms,
+            "raft timing needs 0 < heartbeat_interval < election_timeout_min < \
+             election_timeout_max (got {} ms, {} ms, {} ms)",
+            t.heartbeat_ms,
+            t.election_min_ms,
+            t.election_max_ms
+        );
         if r.peers.is_empty() {
             return Ok(());
         }
@@ -442,6 +488,31 @@ mod cluster_tests {
             let cold = format!("[storage.cold]\nbackend = \"{backend}\"\n");
             let _ = err(format!("[raft]\nnode_id = 1\n{PEERS}{cold}"));
         }
+        // Timing and governance keys.
+        let c = parse(&format!(
+            "[raft]\nnode_id = 1\nheartbeat_interval = \"100ms\"\nelection_timeout_min = \"400ms\"\n\
+             election_timeout_max = \"800ms\"\n{PEERS}{shared}\
+             [governance.leadership_balance]\ninterval = \"2s\"\nmax_per_tick = 1\n"
+        ));
+        c.validate().expect("valid");
+        assert_eq!(
+            c.raft.timing(),
+            ursula_raft::RaftTiming {
+                heartbeat_ms: 100,
+                election_min_ms: 400,
+                election_max_ms: 800
+            }
+        );
+        assert_eq!(c.governance.leadership_balance.interval.as_secs(), 2);
+        assert_eq!(c.governance.leadership_balance.max_per_tick, 1);
+        assert_eq!(
+            Config::default().raft.timing(),
+            ursula_raft::RaftTiming::default()
+        );
+        assert!(
+            err("[raft]\nheartbeat_interval = \"200ms\"\n".into()).contains("heartbeat_interval")
+        );
+        assert!(toml::from_str::<Config>("[governance]\nbogus = 1\n").is_err());
         let unshared = "[storage.cold]\nbackend = \"local\"\n";
         assert!(err(format!("[raft]\nnode_id = 1\n{PEERS}{unshared}")).contains("shared"));
     }

@@ -258,6 +258,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         transport,
         init_membership: cfg.init_membership(),
         cluster_id: cfg.server.cluster_id.clone(),
+        timing: cfg.raft.timing(),
         ..ursula_raft::NodeConfig::new(cfg.data_dir.clone())
     })
     .await
