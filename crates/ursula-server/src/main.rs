@@ -259,7 +259,6 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         init_membership: cfg.init_membership(),
         cluster_id: cfg.server.cluster_id.clone(),
         timing: cfg.raft.timing(),
-        ..ursula_raft::NodeConfig::new(cfg.data_dir.clone())
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;
