@@ -98,6 +98,9 @@ fn five_nodes_survive_two_killed_leaders() {
     let mut killed = Vec::new();
     for round in 0..2 {
         let lead = c.stream_leader(STREAMS[0]);
+        // The node answering for the stream reports itself leader of some group.
+        let groups = c.spec.group_count;
+        assert!((0..groups).any(|g| c.group_leader(g) == lead));
         let before = [count(0), count(1)];
         let at = Instant::now();
         c.nodes[lead].kill9();
