@@ -15,7 +15,11 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     let (status, body, ct) = match path.as_slice() {
         ["metrics"] => {
             let mut j = app.metrics.json(&extra_metrics(app));
-            j["raft_group_metrics"] = raft_metrics::json(&raft_metrics::rows(app));
+            let rows = raft_metrics::rows_with_committed(app).await;
+            j["raft_group_count"] = rows.len().into();
+            j["wal_backend"] = "disk".into();
+            j["raft_groups"] = raft_metrics::spec_json(&rows);
+            j["raft_group_metrics"] = raft_metrics::json(&rows);
             (StatusCode::OK, j.to_string(), "application/json")
         }
         ["metrics", "prometheus"] => (
