@@ -1,0 +1,123 @@
+//! `ursulactl` against three real `ursula` processes: `wait-ready` until every group has a
+//! leader, `status` and the spec's metrics fields (cluster.md §9.1) on every node, and both
+//! with a node down.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod common;
+mod ops_cluster;
+
+use ops_cluster::Cluster;
+use serde_json::Value;
+
+#[test]
+fn status_and_wait_ready_on_three_processes() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(root.path(), 3, 4);
+
+    let o = c.ctl(&[
+        "wait-ready",
+        "--expected-groups",
+        "4",
+        "--timeout-secs",
+        "60",
+    ]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    assert!(
+        o.stdout.starts_with("ready: 3 nodes, 4 groups each"),
+        "{o:?}"
+    );
+
+    // Every node reports the spec's per-group fields, and the node the others name as a
+    // group's leader says so itself (sampled until one quiet sample shows it).
+    let mut last = Vec::new();
+    let agreed = common::wait_until(ops_cluster::T, || {
+        last = c.nodes.iter().filter_map(|n| n.metrics()).collect();
+        last.len() == 3
+            && (0..4).all(|g| {
+                let l = last[0]["raft_groups"][g]["current_leader"].as_u64();
+                l.is_some_and(|l| {
+                    last.iter()
+                        .all(|m| m["raft_groups"][g]["current_leader"] == l)
+                        && last[l as usize - 1]["raft_groups"][g]["state"] == "leader"
+                })
+            })
+    });
+    assert!(agreed, "the nodes disagree on leaders: {last:?}");
+    for (i, m) in last.iter().enumerate() {
+        assert_eq!(m["raft_group_count"], 4, "{m}");
+        assert_eq!(m["wal_backend"], "disk");
+        let groups = m["raft_groups"].as_array().unwrap();
+        assert_eq!(groups.len(), 4);
+        for g in groups {
+            assert_eq!(g["node_id"], i as u64 + 1, "{g}");
+            assert_eq!(g["voter_ids"], serde_json::json!([1, 2, 3]), "{g}");
+            assert_eq!(g["learner_ids"], serde_json::json!([]), "{g}");
+            for k in [
+                "current_term",
+                "last_log_index",
+                "committed_index",
+                "last_applied_index",
+            ] {
+                assert!(g[k].as_u64().is_some(), "{k} in {g}");
+            }
+            assert!(g.get("snapshot_index").is_some() && g.get("purged_index").is_some());
+        }
+    }
+
+    // status: every node reachable, the four leaderships spread over the nodes.
+    let o = c.ctl(&["status", "--json"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let j: Value = serde_json::from_str(o.stdout.trim()).unwrap();
+    let led: usize = j["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            assert_eq!(n["reachable"], true, "{n}");
+            assert_eq!(n["group_count"], 4, "{n}");
+            n["led"].as_array().unwrap().len()
+        })
+        .sum();
+    assert_eq!(led, 4, "{j}");
+    assert_eq!(j["leaderless_groups"], serde_json::json!([]), "{j}");
+    let text = c.ctl(&["status"]);
+    assert_eq!(text.code, 0);
+    assert_eq!(text.stdout.lines().count(), 4, "{}", text.stdout);
+
+    // The wrong group count never gets ready: exit 2, one line naming the cause.
+    let o = c.ctl(&[
+        "wait-ready",
+        "--expected-groups",
+        "5",
+        "--timeout-secs",
+        "1",
+    ]);
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("reports 4 groups, expected 5"), "{o:?}");
+
+    // A node down: status still answers (exit 0) and names it; wait-ready does not pass.
+    c.nodes[2].kill9();
+    let o = c.ctl(&["status"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.starts_with("node 3 ") && l.contains("unreachable")),
+        "{o:?}"
+    );
+    let o = c.ctl(&[
+        "wait-ready",
+        "--expected-groups",
+        "4",
+        "--timeout-secs",
+        "1",
+    ]);
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.stderr.contains("node 3 unreachable"), "{o:?}");
+
+    // Back up: ready again.
+    c.nodes[2].start();
+    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+}
