@@ -90,6 +90,38 @@ pub fn prometheus(rows: &[GroupRow]) -> String {
     out
 }
 
+/// Node replacement (cluster.md §5.3): `{"awaiting_permission": [groups],
+/// "rehydrating": [groups], "rehydrating_until": {group: index}}`; what `ursulactl
+/// allow-rejoin` reads.
+pub fn rejoin_json(node: &ursula_raft::Node) -> serde_json::Value {
+    let rehydrating = node.groups_rehydrating();
+    serde_json::json!({
+        "awaiting_permission": node.groups_awaiting_permission(),
+        "rehydrating": rehydrating.iter().map(|(g, _)| g).collect::<Vec<_>>(),
+        "rehydrating_until": rehydrating.iter()
+            .map(|(g, u)| (g.to_string(), serde_json::Value::from(*u)))
+            .collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// Readiness reasons of a replaced node's groups.
+pub fn rejoin_reasons(node: &ursula_raft::Node) -> Vec<String> {
+    let me = node.node_id();
+    let mut out = Vec::new();
+    let awaiting = node.groups_awaiting_permission();
+    if !awaiting.is_empty() {
+        out.push(format!(
+            "raft groups {awaiting:?} await the leader's permission to rejoin (empty data              directory): run `ursulactl allow-rejoin --node {me}`"
+        ));
+    }
+    for (g, until) in node.groups_rehydrating() {
+        out.push(format!(
+            "raft group {g} is rehydrating from its leader (votes once it applied index {until})"
+        ));
+    }
+    out
+}
+
 /// `(term, index)` as the two spec fields `{prefix}_term` and `{prefix}_index` (null: none).
 fn put_id(
     o: &mut serde_json::Map<String, serde_json::Value>,

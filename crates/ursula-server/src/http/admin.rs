@@ -31,6 +31,9 @@ async fn dispatch(app: &Arc<App>, method: &Method, path: &str) -> ApiResult {
     let segs: Vec<String> = rest.split('/').map(str::to_owned).collect();
     match (method, segs.as_slice()) {
         (&Method::DELETE, [purge, bucket]) if purge == "purge" => purge_bucket(app, bucket).await,
+        (&Method::POST, s) if super::admin_raft::handles(s) => {
+            super::admin_raft::handle(app, s).await
+        }
         (m, _) if m == Method::GET || m == Method::HEAD => ops::handle(app, m, &segs).await,
         _ => Err(not_found()),
     }

@@ -12,7 +12,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::common::{self, try_request};
 
@@ -130,6 +130,7 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// The `ursulactl` manifest (TOML).
     pub manifest: PathBuf,
+    config: PathBuf,
 }
 
 impl Cluster {
@@ -176,7 +177,23 @@ impl Cluster {
         Cluster {
             nodes,
             manifest: manifest_path,
+            config,
         }
+    }
+
+    /// Turns `init_membership_per_group` off in the shared config, as an operator does after
+    /// the first start (later starts of a node then never bootstrap a group).
+    pub fn bootstrap_done(&self) {
+        let text = std::fs::read_to_string(&self.config).expect("config");
+        let text = text.replace(
+            "init_membership_per_group = true",
+            "init_membership_per_group = false",
+        );
+        std::fs::write(&self.config, text).expect("config");
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
     }
 
     /// Runs `ursulactl --config MANIFEST args...` in-process.
@@ -194,4 +211,42 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+fn port_of(location: &str) -> Option<u16> {
+    let rest = location.strip_prefix("http://127.0.0.1:")?;
+    rest.split('/').next()?.parse().ok()
+}
+
+/// Sends a request starting at `ports[0]`, following 307s to the leader and retrying 503s and
+/// connection failures (on the next port), until a final answer or `deadline`.
+pub fn send(
+    ports: &[u16],
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    deadline: Instant,
+) -> Option<common::Response> {
+    let mut port = ports[0];
+    let mut path = path.to_owned();
+    while Instant::now() < deadline {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        match try_request(addr, method, &path, headers, body, Duration::from_secs(2)) {
+            Ok(r) if r.status == 307 => {
+                let loc = r.header("location")?.to_owned();
+                port = port_of(&loc)?;
+                let prefix = format!("http://127.0.0.1:{port}");
+                path = loc.strip_prefix(&prefix)?.to_owned();
+            }
+            Ok(r) if r.status == 503 => std::thread::sleep(Duration::from_millis(25)),
+            Ok(r) => return Some(r),
+            Err(_) => {
+                let i = ports.iter().position(|&p| p == port).unwrap_or(0);
+                port = ports[(i + 1) % ports.len()];
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    None
 }

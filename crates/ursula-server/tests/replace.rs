@@ -1,0 +1,191 @@
+//! Node replacement over real processes (cluster.md §5.3): a node SIGKILLed and restarted on a
+//! wiped data directory stays out of every group (readiness and metrics say why) while the
+//! cluster keeps acknowledging writes; after `ursulactl allow-rejoin` it rehydrates and serves
+//! every acknowledged byte.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod common;
+mod ops_cluster;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ops_cluster::{Cluster, T, send};
+
+const STREAMS: usize = 8;
+const REC: usize = 8;
+
+fn record(i: u64) -> Vec<u8> {
+    format!("w{i:07}").into_bytes()
+}
+
+/// Node `i`'s own applied copy of `path` equals `want` (all but the last record: a follower
+/// serves what it applied without stating tail facts).
+fn serves(c: &Cluster, i: usize, path: &str, want: &[u8]) -> bool {
+    let part = want.len().saturating_sub(REC);
+    if part == 0 {
+        return true;
+    }
+    let q = format!("{path}?offset=-1&max_bytes={part}");
+    c.nodes[i]
+        .get(&q)
+        .is_some_and(|r| r.status == 200 && r.body == want[..part])
+}
+
+#[test]
+fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(root.path(), 3, 4);
+    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    c.bootstrap_done();
+    let ports = c.ports();
+    let ct = [("content-type", "application/octet-stream")];
+
+    // Data in (very likely) every group.
+    let mut want: Vec<Vec<u8>> = vec![Vec::new(); STREAMS];
+    for (s, w) in want.iter_mut().enumerate() {
+        let path = format!("/repl/s{s}");
+        let r = send(&ports, "PUT", &path, &ct, b"", Instant::now() + T).unwrap();
+        assert_eq!(r.status, 201, "{}", r.describe());
+        for i in 0..5 {
+            let rec = record(i);
+            let r = send(&ports, "POST", &path, &ct, &rec, Instant::now() + T).unwrap();
+            assert_eq!(r.status / 100, 2, "{}", r.describe());
+            w.extend(rec);
+        }
+    }
+
+    // A writer with an idempotent producer, through nodes 1 and 2, for the whole test.
+    let path = "/repl/live";
+    let r = send(&ports, "PUT", path, &ct, b"", Instant::now() + T).unwrap();
+    assert_eq!(r.status, 201);
+    let acked = Arc::new(Mutex::new(0u64));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop) = (Arc::clone(&acked), Arc::clone(&stop));
+        let ports = ports[..2].to_vec();
+        std::thread::spawn(move || {
+            let mut seq = 0u64;
+            while !stop.load(Ordering::SeqCst) && seq < 100_000 {
+                let s = seq.to_string();
+                let h = [
+                    ("content-type", "application/octet-stream"),
+                    ("producer-id", "repl"),
+                    ("producer-epoch", "0"),
+                    ("producer-seq", s.as_str()),
+                ];
+                let r = send(&ports, "POST", path, &h, &record(seq), Instant::now() + T)
+                    .expect("a write was never acknowledged");
+                assert!(r.status / 100 == 2, "write {seq}: {}", r.describe());
+                seq += 1;
+                *acked.lock().unwrap() = seq;
+            }
+        })
+    };
+    let acked_now = || *acked.lock().unwrap();
+
+    // SIGKILL node 3, wipe its disk, start it again with the same configuration.
+    c.nodes[2].kill9();
+    let dir = c.nodes[2].dir.clone();
+    std::fs::remove_dir_all(&dir).unwrap();
+    c.nodes[2].start();
+
+    // It stays out: not ready (and says why), nothing in its log, no leader known.
+    let reasons = || {
+        c.nodes[2]
+            .get("/__ursula/ready")
+            .map(|r| (r.status, r.text()))
+            .unwrap_or_default()
+    };
+    let (status, why) = reasons();
+    assert_eq!(status, 503, "{why}");
+    assert!(
+        why.contains("permission to rejoin") && why.contains("allow-rejoin --node 3"),
+        "{why}"
+    );
+    let m = c.nodes[2].metrics().unwrap();
+    assert_eq!(
+        m["rejoin"]["awaiting_permission"],
+        serde_json::json!([0, 1, 2, 3]),
+        "{m}"
+    );
+    let status = c.ctl(&["status"]);
+    assert!(
+        status.stdout.contains("awaiting-permission=[0,1,2,3]"),
+        "{status:?}"
+    );
+    // Writes go on meanwhile, and the node takes none of them.
+    let before = acked_now();
+    assert!(
+        common::wait_until(T, || acked_now() >= before + 20),
+        "writes stalled"
+    );
+    let m = c.nodes[2].metrics().unwrap();
+    for g in m["raft_groups"].as_array().unwrap() {
+        assert!(
+            g["last_log_index"].is_null(),
+            "an awaiting node took entries: {g}"
+        );
+    }
+    assert_eq!(reasons().0, 503);
+
+    // The operator allows it; it rehydrates every group and becomes ready.
+    let o = c.ctl(&["allow-rejoin", "--node", "3"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    assert!(o.stdout.contains("allowed in 4 of 4 groups"), "{o:?}");
+    assert!(
+        common::wait_until(T, || c.nodes[2].ready()),
+        "the replaced node never became ready: {:?}\n{}",
+        reasons(),
+        c.logs()
+    );
+    let m = c.nodes[2].metrics().unwrap();
+    assert_eq!(
+        m["rejoin"]["awaiting_permission"],
+        serde_json::json!([]),
+        "{m}"
+    );
+    assert_eq!(m["rejoin"]["rehydrating"], serde_json::json!([]), "{m}");
+    // A second allow-rejoin has nothing to do.
+    let o = c.ctl(&["allow-rejoin", "--node", "3"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("awaits no permission"), "{o:?}");
+
+    // Writes never stopped; then every acknowledged byte is on the replaced node.
+    let before = acked_now();
+    assert!(
+        common::wait_until(T, || acked_now() >= before + 20),
+        "writes stalled"
+    );
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    let n = acked_now();
+    let live: Vec<u8> = (0..n).flat_map(record).collect();
+    let r = send(
+        &ports,
+        "GET",
+        &format!("{path}?offset=-1"),
+        &[],
+        b"",
+        Instant::now() + T,
+    )
+    .unwrap();
+    assert!(
+        r.body == live,
+        "the leader's copy differs from the acknowledged writes"
+    );
+    for (s, w) in want.iter().enumerate() {
+        let p = format!("/repl/s{s}");
+        assert!(
+            common::wait_until(T, || serves(&c, 2, &p, w)),
+            "the replaced node does not serve {p}"
+        );
+    }
+    assert!(
+        common::wait_until(T, || serves(&c, 2, path, &live)),
+        "the replaced node does not serve the live stream"
+    );
+}
