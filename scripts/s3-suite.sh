@@ -2,7 +2,8 @@
 # The ColdStore conformance suite against a real S3-compatible server: moto's server mode
 # (PyPI `moto[server]`, pinned below; it implements conditional create, `If-None-Match: *`,
 # which the suite checks). Installs moto if the pinned version is missing, starts it on a free
-# loopback port in a temporary directory, creates the test bucket, runs the suite, and stops it.
+# loopback port in a temporary directory, creates the test bucket, runs the suite, the cold tier
+# of one node and a 3-node cluster on it, and stops it.
 #
 #   scripts/s3-suite.sh [cargo test flags, e.g. --release]
 #
@@ -96,3 +97,19 @@ if [[ $RC -ne 0 ]] || ! grep -q 'test result: ok. 1 passed' "$OUT"; then
   exit 1
 fi
 echo "the cold tier works against moto $MOTO_VERSION"
+
+# Three real processes sharing one bucket and prefix: flushes, a leader SIGKILLed, cold
+# catch-up reads from every node (tests/cluster_s3.rs).
+OUT=$TMP/cluster.out
+set +e
+URSULA_TEST_S3_ENDPOINT=$ENDPOINT URSULA_TEST_S3_BUCKET=$BUCKET \
+  cargo test -p ursula-server "$@" --test cluster_s3 -- --ignored --exact \
+  a_cluster_shares_one_s3_bucket_across_a_leader_kill 2>&1 | tee "$OUT"
+RC=${PIPESTATUS[0]}
+set -e
+if [[ $RC -ne 0 ]] || ! grep -q 'test result: ok. 1 passed' "$OUT"; then
+  echo "the 3-node cluster on S3 failed (moto log: last lines)"
+  tail -n 20 "$TMP/moto.log"
+  exit 1
+fi
+echo "a 3-node cluster shares one bucket on moto $MOTO_VERSION"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit/property/integration tests (including the
 # crash and bad-input tests), the cold-store suite against a real S3-compatible server
-# (scripts/s3-suite.sh), the official conformance suite against a durable node, and a
-# smoke run of every benchmark scenario. CI runs exactly this (.ci/run).
+# (scripts/s3-suite.sh), the official conformance suite against a durable node, a smoke run
+# of every benchmark scenario, and the conformance suite through a follower of a 3-node
+# cluster (scripts/conformance-cluster.sh). CI runs exactly this (.ci/run).
 set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$ROOT"
@@ -21,7 +22,7 @@ cargo build --workspace --release --bins
 step "cargo test (unit, property, integration, crash, bad input)"
 cargo test --workspace --release -- --test-threads=2
 
-step "ColdStore suite against a real S3-compatible server (moto, started and stopped here)"
+step "ColdStore suite, one node and a 3-node cluster against a real S3-compatible server (moto)"
 "$ROOT/scripts/s3-suite.sh" --release
 
 step "conformance suite against a durable node"
@@ -54,6 +55,7 @@ set -e
 LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
 PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
 FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
+SKIPPED=$(sed -n 's/.* skipped=\([0-9]*\).*/\1/p' <<<"$LINE")
 if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
   echo "conformance: expected failed=0 and passed>=332, got: $LINE"
   exit 1
@@ -61,5 +63,8 @@ fi
 
 step "benchmark smoke run against the same node (checks the generator works, not speed)"
 "$ROOT/target/release/ursula-bench" --url "http://$ADDR" smoke --strict --server-pid "$PID"
+
+step "conformance suite through a follower of a 3-node cluster (ursula-redirect-proxy)"
+URSULA_CONFORMANCE_DIR=$CONF_DIR "$ROOT/scripts/conformance-cluster.sh" "$SKIPPED"
 
 step "all tests passed"

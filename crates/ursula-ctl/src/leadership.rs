@@ -16,7 +16,7 @@ const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Calls `POST {leader's admin}{path(leader)}` on the leader of `group`, re-reading the
 /// metrics and retrying when the receiver answers `409` (it no longer leads) or no leader is
-/// known. Returns the leader called and its (non-409) answer. `skip_if` ends early, with
+/// known. Returns the leader called and its answer (anything but `409 NOT_LEADER`). `skip_if` ends early, with
 /// `None`, when the leader found satisfies it (e.g. already the target).
 pub(crate) async fn call_leader(
     ctx: &Ctx,
@@ -52,7 +52,9 @@ pub(crate) async fn call_leader(
             .call(Method::POST, &url)
             .await
             .map_err(|e| CtlError::config(format!("POST {url}: {e}")))?;
-        if a.status == 409 {
+        // 409 NOT_LEADER: leadership moved since the sample (another 409, e.g. a refused
+        // transfer, is the caller's to report).
+        if a.status == 409 && a.error_code().is_none_or(|c| c == "NOT_LEADER") {
             last = format!(
                 "node {leader} no longer leads group {group}: {}",
                 a.error_message()
@@ -61,7 +63,8 @@ pub(crate) async fn call_leader(
         }
         if a.status == 404 {
             return Err(CtlError::config(format!(
-                "POST {url}: 404 (is that the node's admin plane, server.admin_listen?)"
+                "POST {url}: 404 {} (is that the node's admin plane, server.admin_listen?)",
+                a.error_message()
             )));
         }
         return Ok(Some((leader, a)));
@@ -90,8 +93,9 @@ pub async fn transfer(ctx: &Ctx, group: u32, to: u64, out: &mut Out) -> Result<(
             ));
             Ok(())
         }
-        400 => Err(CtlError::config(format!(
-            "transfer of group {group} to node {to} refused: {}",
+        400 | 409 => Err(CtlError::config(format!(
+            "transfer of group {group} to node {to} refused ({}): {}",
+            a.error_code().unwrap_or("no code"),
             a.error_message()
         ))),
         s => Err(CtlError::config(format!(

@@ -11,6 +11,7 @@
 //! | 1 append-entries | `bincode((vote, prev_log_id, leader_commit))`, `count u32 LE`, per entry `len u32 LE` + the WAL entry encoding ([`crate::codec::encode_entry`]) | `bincode(Result<AppendEntriesResponse, RaftError>)` |
 //! | 2 vote | `bincode(VoteRequest)` | `bincode(Result<VoteResponse, RaftError>)` |
 //! | 4 propose (a cross-group request to the group's leader) | `Command::encode` (current schema) | `bincode(Result<Response, RemoteProposeError>)` |
+//! | 5 elect (a leader hands a group's leadership to this node) | empty | `bincode(Result<(), String>)` |
 //! | 6 allow-next-revert (a leader's one-shot permission to a wiped node, `node/rejoin.rs`) | `commit_index u64 LE` | `bincode(Result<u8, String>)`: 0 not awaiting, 1 armed, 2 already rehydrating |
 //! | 3 install-snapshot chunk | `bincode(InstallSnapshotRequest)` (one chunk of at most `snapshot_max_chunk_size` bytes) | `bincode(Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>)` |
 //!
@@ -42,6 +43,7 @@ pub(crate) const KIND_APPEND: u8 = 1;
 pub(crate) const KIND_VOTE: u8 = 2;
 pub(crate) const KIND_SNAPSHOT: u8 = 3;
 pub(crate) const KIND_PROPOSE: u8 = 4;
+pub(crate) const KIND_ELECT: u8 = 5;
 pub(crate) const KIND_ALLOW: u8 = 6;
 
 /// A decoded request.
@@ -50,6 +52,8 @@ pub(crate) enum Request {
     Vote(VoteRequest<NodeId>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
     Propose(Command),
+    /// Campaign now: the group's leader is handing its leadership over (transfer.rs).
+    Elect,
 }
 
 /// A [`ProposeError`] as it travels back from the node that was asked to propose.
@@ -104,6 +108,13 @@ pub(crate) fn encode_propose(group: u32, cmd: &Command) -> Result<Vec<u8>, Strin
     let mut out = header(KIND_PROPOSE, group);
     cmd.encode_into(&mut out)?;
     Ok(out)
+}
+
+/// The answer to an elect request: `Err` says why the node will not campaign.
+pub(crate) type ElectResult = Result<(), String>;
+
+pub(crate) fn encode_elect(group: u32) -> Vec<u8> {
+    header(KIND_ELECT, group)
 }
 
 pub(crate) type AppendResult = Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>;
@@ -202,6 +213,7 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Result<(u32, Request), String> {
         KIND_VOTE => Request::Vote(bincode::deserialize(rd).map_err(|e| e.to_string())?),
         KIND_SNAPSHOT => Request::Snapshot(bincode::deserialize(rd).map_err(|e| e.to_string())?),
         KIND_PROPOSE => Request::Propose(Command::decode(Schema::CURRENT, rd)?),
+        KIND_ELECT => Request::Elect,
         k => return Err(format!("unknown raft rpc kind {k}")),
     };
     Ok((group, req))

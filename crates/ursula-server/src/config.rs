@@ -61,6 +61,8 @@ pub struct Config {
     pub server: ServerSection,
     /// `[raft]` (spec cluster.md §5.1, §7.4): node identity and static membership.
     pub raft: RaftSection,
+    /// `[governance]` (spec cluster.md §5.4, §7.7): the leadership balancer.
+    pub governance: crate::governance::GovernanceConfig,
 }
 
 /// `[server]`.
@@ -261,6 +263,7 @@ impl Default for Config {
             runtime: RuntimeConfig::default(),
             server: ServerSection::default(),
             raft: RaftSection::default(),
+            governance: Default::default(),
         }
     }
 }

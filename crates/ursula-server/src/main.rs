@@ -6,6 +6,7 @@ mod cold;
 mod cold_read;
 mod config;
 mod external;
+mod governance;
 mod http;
 mod metrics;
 mod parse_errors;
@@ -281,7 +282,9 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let tiering = cold_store
         .clone()
         .map(|store| tiering::Tiering::new(store, cfg.tiering(), cfg.group_count));
+    let governance_cfg = cfg.governance.clone();
     let app = app::App::new(node.clone(), cfg, watchers, tiering.clone());
+    governance::spawn(&app, &governance_cfg);
     if let Some(t) = &tiering {
         t.spawn(&app);
     }
@@ -313,7 +316,14 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    server::run(listener, app, shutdown_signal(), http::handle).await;
+    // On SIGTERM a clustered node first hands its leaderships over (still serving, so that
+    // the writes it pauses meanwhile are redirected), then stops accepting and drains.
+    let node2 = node.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        governance::hand_over_for_shutdown(&node2).await;
+    };
+    server::run(listener, app, shutdown, http::handle).await;
     node.shutdown().await;
     tracing::info!("stopped");
     Ok(())

@@ -121,3 +121,75 @@ fn status_and_wait_ready_on_three_processes() {
     let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
     assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
 }
+
+/// The groups `node` (1-based) leads, by its own metrics.
+fn led_by(c: &Cluster, node: u64) -> Vec<u64> {
+    let Some(m) = c.nodes[node as usize - 1].metrics() else {
+        return Vec::new();
+    };
+    m["raft_groups"]
+        .as_array()
+        .map(|gs| {
+            gs.iter()
+                .filter(|g| g["current_leader"] == node && g["state"] == "leader")
+                .filter_map(|g| g["raft_group_id"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn transfer_leader_drain_and_undrain_on_three_processes() {
+    let root = tempfile::tempdir().unwrap();
+    let c = Cluster::start(root.path(), 3, 4);
+    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+
+    // Move group 0 to a node that does not lead it; the metrics then agree.
+    let from = (1..=3).find(|&n| led_by(&c, n).contains(&0));
+    let to = (1..=3).find(|&n| Some(n) != from).unwrap();
+    let o = c.ctl(&["transfer-leader", "--group", "0", "--to", &to.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    assert!(o.stdout.contains(&format!("to node {to}")), "{o:?}");
+    assert!(
+        common::wait_until(ops_cluster::T, || led_by(&c, to).contains(&0)),
+        "node {to} does not lead group 0 after the transfer"
+    );
+    let o = c.ctl(&["transfer-leader", "--group", "0", "--to", &to.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("already leads"), "{o:?}");
+    // Not a voter: refused, exit 1, one line.
+    let o = c.ctl(&["transfer-leader", "--group", "0", "--to", "9"]);
+    assert_eq!(o.code, 1, "{o:?}");
+    assert_eq!(o.stderr.lines().count(), 1, "{o:?}");
+    assert!(o.stderr.contains("refused"), "{o:?}");
+
+    // Drain the node that now leads group 0: it ends up leading nothing, and stays so while
+    // marked; the others lead every group.
+    let o = c.ctl(&["drain", "--node", &to.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    assert!(o.stdout.contains("maintenance-drain"), "{o:?}");
+    assert!(o.stdout.contains("leads no group"), "{o:?}");
+    assert!(led_by(&c, to).is_empty());
+    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}");
+    let shed = c.nodes[to as usize - 1]
+        .get("/__ursula/leadership-shed")
+        .unwrap();
+    assert!(
+        shed.text().contains("\"should_accept_transfer\":false"),
+        "{}",
+        shed.text()
+    );
+    // A transfer to the drained node is refused.
+    let o = c.ctl(&["transfer-leader", "--group", "1", "--to", &to.to_string()]);
+    assert_eq!(o.code, 1, "{o:?}");
+    assert!(led_by(&c, to).is_empty());
+
+    let o = c.ctl(&["undrain", "--node", &to.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}");
+    assert!(o.stdout.contains("shed state normal"), "{o:?}");
+    // Accepting again: group 1 can move there.
+    let o = c.ctl(&["transfer-leader", "--group", "1", "--to", &to.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+}

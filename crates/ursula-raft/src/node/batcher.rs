@@ -27,17 +27,14 @@ pub(super) async fn run_batcher(
     group: u32,
     raft: Raft,
     mut rx: mpsc::Receiver<Pending>,
+    inflight: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
     health: Arc<ursula_storage::StorageHealth>,
 ) {
-    let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
     let mut stopping = false;
     // A proposal taken from the queue that did not fit in the previous batch.
     let mut carry: Option<Pending> = None;
     loop {
-        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
-            break;
-        };
         let first = if carry.is_some() {
             carry.take()
         } else if stopping {
@@ -54,6 +51,14 @@ pub(super) async fn run_batcher(
             }
         };
         let Some(first) = first else { break };
+        // Taken only once there is something to submit, so that a leadership transfer can
+        // pause an idle group by holding every permit (see transfer.rs).
+        let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
+            let _ = first.tx.send(Err(ProposeError::Unavailable(
+                "the raft group stopped".into(),
+            )));
+            break;
+        };
         // Let every task that is ready to run (HTTP connections parsing their requests) queue
         // its proposal first, so that this batch carries all of them.
         tokio::task::yield_now().await;

@@ -27,10 +27,12 @@ mod cluster;
 mod open;
 mod rejoin;
 mod rpc;
+mod transfer;
 mod upkeep;
 
 pub use cluster::RaftTiming;
 pub use rejoin::{AllowError, Allowed};
+pub use transfer::{ShedState, TransferError, shed};
 
 use batcher::run_batcher;
 use open::{recover, start_groups};
@@ -145,6 +147,9 @@ struct Group {
     state: Arc<RwLock<GroupState>>,
     applied: watch::Receiver<u64>,
     queue: mpsc::Sender<Pending>,
+    /// Batches submitted to openraft and not yet answered (at most
+    /// [`MAX_INFLIGHT_BATCHES`]); a leadership transfer holds every permit to pause the group.
+    inflight: Arc<Semaphore>,
     log: Arc<GroupLog>,
     snapshots: Arc<SnapshotStore>,
 }
@@ -159,6 +164,9 @@ pub struct Node {
     groups: Vec<Group>,
     wal: Wal,
     closing: AtomicBool,
+    /// Why this node sheds leadership, if it does (transfer.rs).
+    shed: transfer::Shed,
+    timing: RaftTiming,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     shut_down: tokio::sync::Mutex<bool>,
@@ -226,10 +234,12 @@ impl Node {
         let mut groups = Vec::with_capacity(started_groups.len());
         for (group, (raft, parts)) in started_groups.into_iter().enumerate() {
             let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+            let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_BATCHES));
             tasks.push(tokio::spawn(run_batcher(
                 group as u32,
                 raft.clone(),
                 rx,
+                Arc::clone(&inflight),
                 stop.subscribe(),
                 Arc::clone(wal.health()),
             )));
@@ -238,6 +248,7 @@ impl Node {
                 state: parts.state,
                 applied: parts.applied,
                 queue: tx,
+                inflight,
                 log: parts.log,
                 snapshots: parts.snapshots,
             });
@@ -262,6 +273,8 @@ impl Node {
             groups,
             wal,
             closing: AtomicBool::new(false),
+            shed: transfer::Shed::default(),
+            timing: cfg.timing,
             stop,
             tasks: Mutex::new(tasks),
             shut_down: tokio::sync::Mutex::new(false),

@@ -212,7 +212,11 @@ pub(super) async fn start_groups(
         let raft = Raft::new(
             cfg.node_id,
             config,
-            Network::new(group, cfg.transport.clone()),
+            Network::new(
+                group,
+                cfg.transport.clone(),
+                Duration::from_millis(2 * cfg.timing.heartbeat_ms),
+            ),
             LogStore::new(Arc::clone(&log)),
             sm,
         )

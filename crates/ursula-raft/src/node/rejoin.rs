@@ -51,6 +51,9 @@ pub(crate) enum Mark {
 pub(crate) struct Rejoin {
     path: PathBuf,
     marks: Mutex<BTreeMap<u32, Mark>>,
+    /// Whether the node's shed state lets its groups campaign (`transfer.rs`): a group whose
+    /// mark clears campaigns only if it does.
+    shed_allows: AtomicBool,
 }
 
 fn encode(marks: &BTreeMap<u32, Mark>) -> Vec<u8> {
@@ -134,6 +137,7 @@ impl Rejoin {
         let r = Rejoin {
             path,
             marks: Mutex::new(marks),
+            shed_allows: AtomicBool::new(true),
         };
         if wiped && r.lock().is_empty() && !r.path.exists() {
             let all: BTreeMap<u32, Mark> = (0..group_count).map(|g| (g, Mark::Awaiting)).collect();
@@ -166,6 +170,32 @@ impl Rejoin {
             fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
         }
         Ok(())
+    }
+
+    /// Lets `group` campaign if the shed state allows it (`shed_allows`) and it has no mark.
+    /// Every switch of campaigning goes through here or [`Rejoin::complete`], under the marks'
+    /// lock, so a shed change and the end of a rehydration never undo each other.
+    pub(crate) fn set_elect(&self, group: u32, raft: &Raft, shed_allows: bool) {
+        let marks = self.lock();
+        self.shed_allows.store(shed_allows, Ordering::SeqCst);
+        raft.runtime_config()
+            .elect(shed_allows && !marks.contains_key(&group));
+    }
+
+    /// Clears `group`'s mark if it is still `Rehydrating { until }` (a later permission may
+    /// have raised the index), durably, and lets it campaign as the shed state allows.
+    fn complete(&self, group: u32, until: u64, raft: &Raft) -> Result<bool, RaftError> {
+        let mut marks = self.lock();
+        if marks.get(&group) != Some(&Mark::Rehydrating { until }) {
+            return Ok(false);
+        }
+        let mut next = marks.clone();
+        next.remove(&group);
+        self.persist(&next)?;
+        *marks = next;
+        raft.runtime_config()
+            .elect(self.shed_allows.load(Ordering::SeqCst));
+        Ok(true)
     }
 
     pub(crate) fn mark(&self, group: u32) -> Option<Mark> {
@@ -416,19 +446,15 @@ fn spawn_completion(rejoin: &Arc<Rejoin>, group: u32, raft: Raft, until: u64) {
                 return;
             }
         }
-        // A later permission may have raised the index: only the mark this task knows clears.
-        if rejoin.mark(group) != Some(Mark::Rehydrating { until }) {
-            return;
-        }
-        match rejoin.set(group, None) {
-            Ok(_) => {
-                raft.runtime_config().elect(true);
+        match rejoin.complete(group, until, &raft) {
+            Ok(true) => {
                 tracing::info!(
                     group,
                     until,
                     "rehydrated: the group votes and campaigns again"
-                );
+                )
             }
+            Ok(false) => {}
             Err(e) => {
                 tracing::error!(group, error = %e, "recording the end of a rehydration failed")
             }

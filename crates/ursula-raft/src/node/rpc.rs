@@ -3,7 +3,9 @@
 use super::*;
 
 use crate::network::TransportError;
-use crate::wire::{self, AppendResult, ProposeResult, Request, SnapshotResult, VoteResult};
+use crate::wire::{
+    self, AppendResult, ElectResult, ProposeResult, Request, SnapshotResult, VoteResult,
+};
 
 /// How long a proposal forwarded to a group's leader may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -34,6 +36,7 @@ impl Node {
             Request::Propose(cmd) => wire::encode_response::<ProposeResult>(
                 &self.propose(group, cmd).await.map_err(Into::into),
             ),
+            Request::Elect => wire::encode_response::<ElectResult>(&self.campaign(group).await),
         })
     }
 

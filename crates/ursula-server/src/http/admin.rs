@@ -4,7 +4,7 @@
 //! metrics and health are served here too.
 
 use super::error::{self, ApiError};
-use super::{ApiResult, Resp, common_headers, not_found, ops};
+use super::{ApiResult, Resp, common_headers, leadership, not_found, ops};
 use crate::app::App;
 use axum::body::Body;
 use http::{HeaderValue, Method, Request, Response};
@@ -31,6 +31,16 @@ async fn dispatch(app: &Arc<App>, method: &Method, path: &str) -> ApiResult {
     let segs: Vec<String> = rest.split('/').map(str::to_owned).collect();
     match (method, segs.as_slice()) {
         (&Method::DELETE, [purge, bucket]) if purge == "purge" => purge_bucket(app, bucket).await,
+        (m, [shed, maint]) if shed == "leadership-shed" && maint == "maintenance" => match *m {
+            Method::POST => leadership::maintenance(app, true),
+            Method::DELETE => leadership::maintenance(app, false),
+            _ => Err(not_found()),
+        },
+        (&Method::POST, [raft, group, leader, transfer, node])
+            if raft == "raft" && leader == "leader" && transfer == "transfer" =>
+        {
+            leadership::transfer(app, group, node).await
+        }
         (&Method::POST, s) if super::admin_raft::handles(s) => {
             super::admin_raft::handle(app, s).await
         }

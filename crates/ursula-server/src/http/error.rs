@@ -58,7 +58,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | INVALID_CONTENT_TYPE
         | INVALID_SNAPSHOT_MANIFEST
         | UNKNOWN_SNAPSHOT_PART
-        | SNAPSHOT_DIGEST_MISMATCH => StatusCode::BAD_REQUEST,
+        | SNAPSHOT_DIGEST_MISMATCH
+        | NOT_A_VOTER => StatusCode::BAD_REQUEST,
         STAGED_PARTS_LIMIT => StatusCode::TOO_MANY_REQUESTS,
         REQUEST_TIMEOUT => StatusCode::REQUEST_TIMEOUT,
         PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
@@ -80,7 +81,9 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | STREAM_SEQ_CONFLICT
         | PRODUCER_SEQ_CONFLICT
         | SNAPSHOT_CONFLICT
-        | BUCKET_NOT_EMPTY => StatusCode::CONFLICT,
+        | BUCKET_NOT_EMPTY
+        | NOT_LEADER
+        | TRANSFER_REFUSED => StatusCode::CONFLICT,
         STREAM_GONE | STREAM_SOFT_DELETED => StatusCode::GONE,
         INCARNATION_MISMATCH | RECORD_PRECONDITION_FAILED => StatusCode::PRECONDITION_FAILED,
         QUOTA_EXCEEDED => StatusCode::TOO_MANY_REQUESTS,

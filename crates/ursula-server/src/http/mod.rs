@@ -11,6 +11,7 @@ pub mod error;
 pub mod headers;
 pub mod host;
 pub mod leader;
+pub mod leadership;
 pub mod long_poll;
 pub mod ops;
 pub mod parts;

@@ -35,6 +35,7 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             "application/json",
         ),
         ["ready"] => ready(app),
+        ["leadership-shed"] => return super::leadership::shed_state(app),
         _ => return Err(not_found()),
     };
     let mut r = Response::new(Body::from(body));

@@ -8,6 +8,7 @@
     reason = "every test crate uses a different subset of the harness"
 )]
 
+pub mod cluster;
 pub mod multipart;
 
 use std::collections::VecDeque;

@@ -1,0 +1,204 @@
+//! Leadership transfer and shedding over the in-process test network: a hand-over loses no
+//! acknowledged write and leaves no long gap, a follower cannot transfer, a draining node
+//! refuses to take over, and a shedding node hands every leadership away.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+
+mod sim;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use sim::*;
+use ursula_raft::{ProposeError, TransferError, shed};
+
+/// Appends records `0..` to `key` in group 0 through any node until `stop`, following
+/// redirects. Returns the acknowledged record numbers and the longest time without an
+/// acknowledgement.
+fn writer(
+    c: Arc<Cluster>,
+    key: ursula_core::StreamKey,
+    stop: Arc<AtomicBool>,
+    next: Arc<AtomicU32>,
+) -> tokio::task::JoinHandle<(Vec<u32>, Duration)> {
+    tokio::spawn(async move {
+        let all = c.ids();
+        let mut acked = Vec::new();
+        let mut last = Instant::now();
+        let mut worst = Duration::ZERO;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+            let i = next.fetch_add(1, Ordering::SeqCst);
+            match c.propose(&all, 0, append(&key, i), T).await {
+                Ok(r) => {
+                    assert!(ok(&r), "{r:?}");
+                    acked.push(i);
+                    worst = worst.max(last.elapsed());
+                    last = Instant::now();
+                }
+                // Not logged: a forward answer, or a group without a leader for a moment.
+                Err(ProposeError::ForwardToLeader { .. }) => {}
+                Err(e) => panic!("append {i} failed: {e}"),
+            }
+        }
+        (acked, worst)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_hand_leadership_over_without_a_gap_or_a_lost_write() {
+    let c = Arc::new(Cluster::start(3, 2, 20_000).await);
+    let all = c.ids();
+    let key = key_in_group(0, c.groups, 0);
+    assert!(ok(&c.propose(&all, 0, create(&key), T).await.unwrap()));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = c.watch_leaders(Arc::clone(&stop));
+    let w = writer(
+        Arc::clone(&c),
+        key.clone(),
+        Arc::clone(&stop),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let mut slowest = Duration::ZERO;
+    for round in 0..6 {
+        let leader = c.agreed_leader(0, &all).await;
+        // Let the leader outlive its lease sometimes, and sometimes not.
+        if round % 2 == 0 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let target = all[(all.iter().position(|&x| x == leader).unwrap() + 1) % all.len()];
+        let started = Instant::now();
+        let new = c.nodes[&leader]
+            .transfer_leader(0, target, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: transfer {leader} -> {target}: {e}"));
+        eprintln!(
+            "round {round}: {leader} -> {target} in {:?}",
+            started.elapsed()
+        );
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(new, target, "round {round}");
+        assert_eq!(c.leader(0, &all).await, target);
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (acked, worst_gap) = w.await.unwrap();
+    watch.await.unwrap();
+    assert!(
+        acked.len() > 50,
+        "only {} appends acknowledged",
+        acked.len()
+    );
+    assert!(
+        slowest < Duration::from_millis(900),
+        "slowest transfer took {slowest:?}"
+    );
+    assert!(
+        worst_gap < Duration::from_millis(900),
+        "writes stopped for {worst_gap:?}"
+    );
+
+    // Every acknowledged append is there exactly once, in order, on every node.
+    let leader = c.leader(0, &all).await;
+    c.nodes[&leader].ensure_linearizable(0).await.unwrap();
+    let held = records(&c.bytes(leader, &key).unwrap());
+    let mut sorted = held.clone();
+    sorted.sort_unstable();
+    assert_eq!(held, sorted, "records out of order");
+    sorted.dedup();
+    assert_eq!(held.len(), sorted.len(), "a record landed twice");
+    for i in &acked {
+        assert!(
+            held.binary_search(i).is_ok(),
+            "acknowledged record {i} lost"
+        );
+    }
+    let want = c.bytes(leader, &key).unwrap();
+    c.converged(&all, &key, &want).await;
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_and_shedding() {
+    let c = Cluster::start(3, 4, 20_000).await;
+    let all = c.ids();
+    let leader = c.agreed_leader(0, &all).await;
+    let follower = *all.iter().find(|&&x| x != leader).unwrap();
+    let third = *all.iter().find(|&&x| x != leader && x != follower).unwrap();
+
+    // A follower cannot hand over what it does not have; an unknown node is not a voter.
+    match c.nodes[&follower]
+        .transfer_leader(0, third, Duration::from_secs(2))
+        .await
+    {
+        Err(TransferError::NotLeader { leader: l }) => assert_eq!(l, Some(leader)),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        c.nodes[&leader]
+            .transfer_leader(0, 99, Duration::from_secs(2))
+            .await,
+        Err(TransferError::NotVoter(99))
+    ));
+
+    // A draining node refuses to take over, and the leader keeps leading.
+    let st = c.nodes[&follower].set_shed(shed::MAINTENANCE, true);
+    assert_eq!(st.state(), "maintenance-drain");
+    assert!(!st.should_accept_transfer() && !st.should_campaign());
+    match c.nodes[&leader]
+        .transfer_leader(0, follower, Duration::from_secs(2))
+        .await
+    {
+        Err(TransferError::Refused { target, .. }) => assert_eq!(target, follower),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.leader(0, &all).await, leader);
+    c.nodes[&follower].set_shed(shed::MAINTENANCE, false);
+
+    // A shedding node hands every leadership away and does not take any back.
+    let node = c.agreed_leader(1, &all).await;
+    c.nodes[&node].set_shed(shed::MAINTENANCE, true);
+    let left = c.nodes[&node]
+        .shed_leaderships(Duration::from_secs(10))
+        .await;
+    assert!(left.is_empty(), "node {node} still leads {left:?}");
+    let others: Vec<u64> = all.iter().copied().filter(|&x| x != node).collect();
+    for g in 0..c.groups {
+        let l = c.agreed_leader(g, &all).await;
+        assert_ne!(l, node, "group {g}");
+    }
+    // Still a voter: writes keep being acknowledged with its help.
+    let key = key_in_group(1, c.groups, 3);
+    assert!(ok(&c.propose(&others, 1, create(&key), T).await.unwrap()));
+    c.converged(&all, &key, &[]).await;
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_nodes_transfer_too() {
+    let c = Cluster::start(5, 1, 20_000).await;
+    let all = c.ids();
+    for _ in 0..2 {
+        let leader = c.agreed_leader(0, &all).await;
+        let target = c.nodes[&leader].transfer_target(0, &[]).unwrap();
+        let started = Instant::now();
+        let new = c.nodes[&leader]
+            .transfer_leader(0, target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(new, target);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}

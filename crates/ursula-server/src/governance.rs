@@ -1,0 +1,220 @@
+//! Leadership governance of a clustered node (cluster.md §5.4): the leadership balancer,
+//! shedding leaderships while the cold store is unhealthy, and handing them over before a
+//! graceful shutdown.
+//!
+//! Every node moves only its own leaderships, toward the node that leads fewest groups by
+//! this node's view of the metrics, one hand-over at a time (`ursula_raft::Node::transfer_leader`).
+//! A node that is draining, shutting down or unhealthy refuses to take a leadership, so
+//! the balancer needs no extra poll of its peers' shed state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use ursula_raft::{Node, shed};
+
+use crate::app::App;
+
+/// How long a graceful shutdown waits for its leaderships to move.
+pub const SHUTDOWN_HANDOVER: Duration = Duration::from_secs(5);
+/// How long one balancing hand-over may take.
+const BALANCE_TRANSFER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `[governance]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GovernanceConfig {
+    pub leadership_balance: BalanceConfig,
+}
+
+/// `[governance.leadership_balance]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BalanceConfig {
+    /// How often a node checks the spread. Default: 5 s. `"0s"` turns the balancer off.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// Leaderships a node hands away per check. Default: 4.
+    pub max_per_tick: u32,
+    /// Accepted for compatibility with the spec's key set: peers answer a hand-over request
+    /// with their shed state, so the balancer never polls them (default 500 ms).
+    #[serde(deserialize_with = "duration")]
+    pub peer_timeout: Duration,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig {
+            interval: Duration::from_secs(5),
+            max_per_tick: 4,
+            peer_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    ursula_storage::cold::config::parse_duration(&s).map_err(serde::de::Error::custom)
+}
+
+/// Which groups this node should hand away now, and to whom, so that the leaderships spread
+/// evenly: while this node leads at least two more groups than the voter that leads fewest,
+/// one of its groups goes to that voter. `leaders` holds each group's known leader.
+pub fn balance_moves(
+    me: u64,
+    voters: &[u64],
+    leaders: &[Option<u64>],
+    max_moves: usize,
+) -> Vec<(u32, u64)> {
+    let mut count: BTreeMap<u64, usize> = voters.iter().map(|&v| (v, 0)).collect();
+    for l in leaders.iter().flatten() {
+        if let Some(c) = count.get_mut(l) {
+            *c += 1;
+        }
+    }
+    let mut mine: Vec<u32> = leaders
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l == Some(me))
+        .map(|(g, _)| g as u32)
+        .collect();
+    let mut moves = Vec::new();
+    while moves.len() < max_moves {
+        let Some((&target, &least)) = count
+            .iter()
+            .filter(|(v, _)| **v != me)
+            .min_by_key(|(v, c)| (**c, **v))
+        else {
+            break;
+        };
+        let my = count.get(&me).copied().unwrap_or(0);
+        if my < least + 2 {
+            break;
+        }
+        // The highest-numbered group first: deterministic, and spreads neighbouring groups.
+        let Some(g) = mine.pop() else { break };
+        moves.push((g, target));
+        *count.entry(me).or_default() -= 1;
+        *count.entry(target).or_default() += 1;
+    }
+    moves
+}
+
+/// Starts the balancer and cold-health shedding of a clustered node.
+pub fn spawn(app: &Arc<App>, cfg: &GovernanceConfig) {
+    let node = Arc::clone(&app.node);
+    if !node.has_peers() {
+        return;
+    }
+    let interval = cfg.leadership_balance.interval;
+    if interval.is_zero() {
+        return;
+    }
+    let max = cfg.leadership_balance.max_per_tick as usize;
+    app.spawn_every(interval, move |app| {
+        let node = Arc::clone(&node);
+        async move { tick(&app, &node, max).await }
+    });
+}
+
+async fn tick(app: &App, node: &Arc<Node>, max: usize) {
+    let cold_unhealthy = app.tiering.as_ref().and_then(|t| t.health.reason());
+    let was = node.shed_state();
+    let st = node.set_shed(shed::COLD_STORE, cold_unhealthy.is_some());
+    if st.bits != was.bits {
+        tracing::warn!(state = st.state(), reason = ?cold_unhealthy, "leadership shed state changed");
+    }
+    if st.should_shed_current_leaders() {
+        let left = node.shed_leaderships(BALANCE_TRANSFER_TIMEOUT).await;
+        if !left.is_empty() {
+            tracing::info!(
+                still_led = left.len(),
+                state = st.state(),
+                "shedding leaderships"
+            );
+        }
+        return;
+    }
+    let voters: Vec<u64> = node.peers().keys().copied().collect();
+    let leaders: Vec<Option<u64>> = (0..node.group_count()).map(|g| node.leader_of(g)).collect();
+    for (group, target) in balance_moves(node.node_id(), &voters, &leaders, max) {
+        match node
+            .transfer_leader(group, target, BALANCE_TRANSFER_TIMEOUT)
+            .await
+        {
+            Ok(l) => tracing::info!(group, to = l, "leadership balanced"),
+            Err(e) => {
+                tracing::info!(group, target, error = %e, "balancing hand-over skipped");
+                break;
+            }
+        }
+    }
+}
+
+/// Before a graceful shutdown: stop campaigning and hand every leadership to a peer, so that
+/// writes move on without waiting for an election timeout. Bounded by [`SHUTDOWN_HANDOVER`].
+pub async fn hand_over_for_shutdown(node: &Node) {
+    if !node.has_peers() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    node.set_shed(shed::SHUTDOWN, true);
+    let led = node.led_groups().len();
+    let left = node.shed_leaderships(SHUTDOWN_HANDOVER).await;
+    tracing::info!(
+        handed_over = led - left.len().min(led),
+        still_led = left.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "leaderships handed over for shutdown"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moves_toward_an_even_spread() {
+        // Node 1 leads everything of 6 groups: two go to 2, two to 3.
+        let leaders = vec![Some(1); 6];
+        let mv = balance_moves(1, &[1, 2, 3], &leaders, 10);
+        assert_eq!(mv.len(), 4);
+        assert_eq!(mv.iter().filter(|(_, t)| *t == 2).count(), 2);
+        assert_eq!(mv.iter().filter(|(_, t)| *t == 3).count(), 2);
+        // Capped per tick.
+        assert_eq!(balance_moves(1, &[1, 2, 3], &leaders, 1).len(), 1);
+        // Even enough (a difference of one) or another node's surplus: nothing to do here.
+        let leaders = [Some(1), Some(1), Some(2), Some(3), Some(2)];
+        assert!(balance_moves(1, &[1, 2, 3], &leaders, 4).is_empty());
+        assert!(balance_moves(3, &[1, 2, 3], &[Some(1); 4], 4).is_empty());
+        // Unknown leaders count for no one.
+        let leaders = [Some(1), Some(1), None, None];
+        assert_eq!(balance_moves(1, &[1, 2, 3], &leaders, 4), vec![(1, 2)]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn balancing_never_overshoots(
+            leaders in proptest::collection::vec(proptest::option::of(1u64..=3), 0..64),
+            me in 1u64..=3,
+        ) {
+            let voters = [1, 2, 3];
+            let count = |ls: &[Option<u64>], n: u64| ls.iter().filter(|l| **l == Some(n)).count();
+            let mut after = leaders.clone();
+            for (g, t) in balance_moves(me, &voters, &leaders, 64) {
+                proptest::prop_assert_eq!(after[g as usize], Some(me));
+                after[g as usize] = Some(t);
+            }
+            // After the moves this node leads at most one more than any other voter, and no
+            // target ends up leading more than this node.
+            let mine = count(&after, me);
+            for v in voters.iter().filter(|v| **v != me) {
+                proptest::prop_assert!(mine <= count(&after, *v) + 1);
+                if count(&after, *v) > count(&leaders, *v) {
+                    proptest::prop_assert!(count(&after, *v) <= mine + 1);
+                }
+            }
+        }
+    }
+}

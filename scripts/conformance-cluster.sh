@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The conformance suite through a follower of a 3-node cluster on loopback ports.
+#
+#   scripts/conformance-cluster.sh [expected skipped count]
+#
+# Starts 3 nodes (release binaries in target/release, or URSULA_BIN_DIR) with one shared
+# local cold dir, waits until every group has a leader, picks the node that leads the fewest
+# groups (usually none) and puts ursula-redirect-proxy in front of it: the suite's requests
+# reach that follower first, which serves catch-up reads itself and answers 307 for the rest;
+# the proxy re-sends the buffered body to the leader (Node's fetch cannot re-send a binary
+# body after a 307). Passes when the suite passes as on one node (failed=0, passed>=332, and
+# the given number of skips) and the proxy followed at least one redirect.
+set -euo pipefail
+ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+BIN=${URSULA_BIN_DIR:-$ROOT/target/release}
+WANT_SKIPPED=${1:-}
+for b in ursula ursula-redirect-proxy; do
+  [[ -x $BIN/$b ]] || { echo "$BIN/$b not built (cargo build --release --bins)"; exit 1; }
+done
+CONF_DIR=${URSULA_CONFORMANCE_DIR:-}
+if [[ -z $CONF_DIR ]]; then
+  for d in "$ROOT/../shared/conformance" /work/shared/conformance; do
+    [[ -x $d/run-conformance.sh ]] && { CONF_DIR=$d; break; }
+  done
+fi
+[[ -n $CONF_DIR ]] || { echo "conformance suite not found (set URSULA_CONFORMANCE_DIR)"; exit 1; }
+
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+logs() { for f in "$TMP"/*.log; do echo "--- $f"; tail -n 20 "$f"; done; }
+
+# Three distinct free ports (held together, so none repeats).
+read -r -a PORTS < <(python3 -c '
+import socket
+s = [socket.socket() for _ in range(3)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))')
+{
+  printf 'group_count = 4\n[server]\ncluster_id = "conformance"\n'
+  printf '[raft]\ninit_membership_per_group = true\n'
+  printf '[storage.cold]\nbackend = "local"\n[storage.cold.local]\npath = "%s"\nshared = true\n' "$TMP/cold"
+  for i in 0 1 2; do
+    printf '[[raft.peers]]\nnode_id = %d\nurl = "http://127.0.0.1:%s"\n' $((i + 1)) "${PORTS[$i]}"
+  done
+} >"$TMP/cluster.toml"
+for i in 0 1 2; do
+  NO_COLOR=1 "$BIN/ursula" server --config "$TMP/cluster.toml" --node-id $((i + 1)) \
+    --listen "127.0.0.1:${PORTS[$i]}" --data-dir "$TMP/node$((i + 1))" 2>"$TMP/node$((i + 1)).log" &
+  PIDS+=($!)
+done
+for p in "${PORTS[@]}"; do
+  ok=
+  for _ in $(seq 1 600); do
+    curl -sf -o /dev/null "http://127.0.0.1:$p/__ursula/ready" && { ok=1; break; }
+    sleep 0.1
+  done
+  [[ -n $ok ]] || { logs; echo "node on port $p never became ready"; exit 1; }
+done
+
+# The node leading the fewest groups.
+FOLLOWER= LEAST=
+for p in "${PORTS[@]}"; do
+  led=$(curl -sf "http://127.0.0.1:$p/__ursula/metrics/prometheus" |
+    sed -n 's/^ursula_raft_groups_led \([0-9]*\)$/\1/p')
+  [[ -n $led ]] || { echo "no ursula_raft_groups_led on port $p"; exit 1; }
+  if [[ -z $LEAST || $led -lt $LEAST ]]; then LEAST=$led; FOLLOWER=$p; fi
+done
+echo "fronting the node on port $FOLLOWER (leads $LEAST of 4 groups)"
+
+"$BIN/ursula-redirect-proxy" --upstream "http://127.0.0.1:$FOLLOWER" 2>"$TMP/proxy.log" &
+PIDS+=($!)
+ADDR=
+for _ in $(seq 1 100); do
+  ADDR=$(grep -o 'addr=[0-9.:]*' "$TMP/proxy.log" | head -n1 | cut -d= -f2 || true)
+  [[ -n $ADDR ]] && break
+  sleep 0.1
+done
+[[ -n $ADDR ]] || { logs; echo "the proxy did not start"; exit 1; }
+
+OUT=$TMP/conformance.out
+set +e
+"$CONF_DIR/run-conformance.sh" "http://$ADDR" 2>&1 | tee "$OUT"
+RC=${PIPESTATUS[0]}
+set -e
+LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
+PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
+FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
+SKIPPED=$(sed -n 's/.* skipped=\([0-9]*\).*/\1/p' <<<"$LINE")
+FOLLOWED=$(grep -c 'followed 307' "$TMP/proxy.log" || true)
+echo "the proxy followed $FOLLOWED redirects; $(grep -c 'retrying 503' "$TMP/proxy.log" || true) elections waited out"
+if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
+  logs
+  echo "conformance through a follower: expected failed=0 and passed>=332, got: $LINE"
+  exit 1
+fi
+if [[ -n $WANT_SKIPPED && $SKIPPED != "$WANT_SKIPPED" ]]; then
+  echo "conformance through a follower: skipped=$SKIPPED, on one node $WANT_SKIPPED"
+  exit 1
+fi
+[[ $FOLLOWED -gt 0 ]] || { echo "no request was redirected: the proxy did not front a follower"; exit 1; }
+echo "conformance through a follower passed: $LINE"
