@@ -7,22 +7,25 @@
 mod common;
 mod ops_cluster;
 
-use ops_cluster::Cluster;
+use common::cluster::{CLUSTER_T as T, Cluster};
+use ops_cluster::{ctl, logs, metrics};
 use serde_json::Value;
 
 #[test]
 fn status_and_wait_ready_on_three_processes() {
-    let root = tempfile::tempdir().unwrap();
-    let mut c = Cluster::start(root.path(), 3, 4);
+    let mut c = ops_cluster::start(3, 4);
 
-    let o = c.ctl(&[
-        "wait-ready",
-        "--expected-groups",
-        "4",
-        "--timeout-secs",
-        "60",
-    ]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let o = ctl(
+        &c,
+        &[
+            "wait-ready",
+            "--expected-groups",
+            "4",
+            "--timeout-secs",
+            "60",
+        ],
+    );
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
     assert!(
         o.stdout.starts_with("ready: 3 nodes, 4 groups each"),
         "{o:?}"
@@ -31,8 +34,8 @@ fn status_and_wait_ready_on_three_processes() {
     // Every node reports the spec's per-group fields, and the node the others name as a
     // group's leader says so itself (sampled until one quiet sample shows it).
     let mut last = Vec::new();
-    let agreed = common::wait_until(ops_cluster::T, || {
-        last = c.nodes.iter().filter_map(|n| n.metrics()).collect();
+    let agreed = common::wait_until(T, || {
+        last = c.nodes.iter().filter_map(metrics).collect();
         last.len() == 3
             && (0..4).all(|g| {
                 let l = last[0]["raft_groups"][g]["current_leader"].as_u64();
@@ -66,7 +69,7 @@ fn status_and_wait_ready_on_three_processes() {
     }
 
     // status: every node reachable, the four leaderships spread over the nodes.
-    let o = c.ctl(&["status", "--json"]);
+    let o = ctl(&c, &["status", "--json"]);
     assert_eq!(o.code, 0, "{o:?}");
     let j: Value = serde_json::from_str(o.stdout.trim()).unwrap();
     let led: usize = j["nodes"]
@@ -81,24 +84,27 @@ fn status_and_wait_ready_on_three_processes() {
         .sum();
     assert_eq!(led, 4, "{j}");
     assert_eq!(j["leaderless_groups"], serde_json::json!([]), "{j}");
-    let text = c.ctl(&["status"]);
+    let text = ctl(&c, &["status"]);
     assert_eq!(text.code, 0);
     assert_eq!(text.stdout.lines().count(), 4, "{}", text.stdout);
 
     // The wrong group count never gets ready: exit 2, one line naming the cause.
-    let o = c.ctl(&[
-        "wait-ready",
-        "--expected-groups",
-        "5",
-        "--timeout-secs",
-        "1",
-    ]);
+    let o = ctl(
+        &c,
+        &[
+            "wait-ready",
+            "--expected-groups",
+            "5",
+            "--timeout-secs",
+            "1",
+        ],
+    );
     assert_eq!(o.code, 2, "{o:?}");
     assert!(o.stderr.contains("reports 4 groups, expected 5"), "{o:?}");
 
     // A node down: status still answers (exit 0) and names it; wait-ready does not pass.
     c.nodes[2].kill9();
-    let o = c.ctl(&["status"]);
+    let o = ctl(&c, &["status"]);
     assert_eq!(o.code, 0, "{o:?}");
     assert!(
         o.stdout
@@ -106,25 +112,28 @@ fn status_and_wait_ready_on_three_processes() {
             .any(|l| l.starts_with("node 3 ") && l.contains("unreachable")),
         "{o:?}"
     );
-    let o = c.ctl(&[
-        "wait-ready",
-        "--expected-groups",
-        "4",
-        "--timeout-secs",
-        "1",
-    ]);
+    let o = ctl(
+        &c,
+        &[
+            "wait-ready",
+            "--expected-groups",
+            "4",
+            "--timeout-secs",
+            "1",
+        ],
+    );
     assert_eq!(o.code, 2, "{o:?}");
     assert!(o.stderr.contains("node 3 unreachable"), "{o:?}");
 
     // Back up: ready again.
     c.nodes[2].start();
-    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let o = ctl(&c, &["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
 }
 
 /// The groups `node` (1-based) leads, by its own metrics.
 fn led_by(c: &Cluster, node: u64) -> Vec<u64> {
-    let Some(m) = c.nodes[node as usize - 1].metrics() else {
+    let Some(m) = metrics(&c.nodes[node as usize - 1]) else {
         return Vec::new();
     };
     m["raft_groups"]
@@ -140,56 +149,65 @@ fn led_by(c: &Cluster, node: u64) -> Vec<u64> {
 
 #[test]
 fn transfer_leader_drain_and_undrain_on_three_processes() {
-    let root = tempfile::tempdir().unwrap();
-    let c = Cluster::start(root.path(), 3, 4);
-    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let c = ops_cluster::start(3, 4);
+    let o = ctl(&c, &["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
 
     // Move group 0 to a node that does not lead it; the metrics then agree.
     let from = (1..=3).find(|&n| led_by(&c, n).contains(&0));
     let to = (1..=3).find(|&n| Some(n) != from).unwrap();
-    let o = c.ctl(&["transfer-leader", "--group", "0", "--to", &to.to_string()]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let o = ctl(
+        &c,
+        &["transfer-leader", "--group", "0", "--to", &to.to_string()],
+    );
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
     assert!(o.stdout.contains(&format!("to node {to}")), "{o:?}");
     assert!(
-        common::wait_until(ops_cluster::T, || led_by(&c, to).contains(&0)),
+        common::wait_until(T, || led_by(&c, to).contains(&0)),
         "node {to} does not lead group 0 after the transfer"
     );
-    let o = c.ctl(&["transfer-leader", "--group", "0", "--to", &to.to_string()]);
+    let o = ctl(
+        &c,
+        &["transfer-leader", "--group", "0", "--to", &to.to_string()],
+    );
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stdout.contains("already leads"), "{o:?}");
     // Not a voter: refused, exit 1, one line.
-    let o = c.ctl(&["transfer-leader", "--group", "0", "--to", "9"]);
+    let o = ctl(&c, &["transfer-leader", "--group", "0", "--to", "9"]);
     assert_eq!(o.code, 1, "{o:?}");
     assert_eq!(o.stderr.lines().count(), 1, "{o:?}");
     assert!(o.stderr.contains("refused"), "{o:?}");
 
     // Drain the node that now leads group 0: it ends up leading nothing, and stays so while
     // marked; the others lead every group.
-    let o = c.ctl(&["drain", "--node", &to.to_string()]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let o = ctl(&c, &["drain", "--node", &to.to_string()]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
     assert!(o.stdout.contains("maintenance-drain"), "{o:?}");
     assert!(o.stdout.contains("leads no group"), "{o:?}");
     assert!(led_by(&c, to).is_empty());
-    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
+    let o = ctl(&c, &["wait-ready", "--expected-groups", "4"]);
     assert_eq!(o.code, 0, "{o:?}");
-    let shed = c.nodes[to as usize - 1]
-        .get("/__ursula/leadership-shed")
-        .unwrap();
+    let shed = ops_cluster::get(&c.nodes[to as usize - 1], "/__ursula/leadership-shed").unwrap();
     assert!(
         shed.text().contains("\"should_accept_transfer\":false"),
         "{}",
         shed.text()
     );
     // A transfer to the drained node is refused.
-    let o = c.ctl(&["transfer-leader", "--group", "1", "--to", &to.to_string()]);
+    let o = ctl(
+        &c,
+        &["transfer-leader", "--group", "1", "--to", &to.to_string()],
+    );
     assert_eq!(o.code, 1, "{o:?}");
     assert!(led_by(&c, to).is_empty());
 
-    let o = c.ctl(&["undrain", "--node", &to.to_string()]);
+    let o = ctl(&c, &["undrain", "--node", &to.to_string()]);
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stdout.contains("shed state normal"), "{o:?}");
     // Accepting again: group 1 can move there.
-    let o = c.ctl(&["transfer-leader", "--group", "1", "--to", &to.to_string()]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let o = ctl(
+        &c,
+        &["transfer-leader", "--group", "1", "--to", &to.to_string()],
+    );
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
 }

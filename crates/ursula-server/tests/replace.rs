@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use ops_cluster::{Cluster, T, send};
+use common::cluster::{CLUSTER_T as T, Cluster};
+use ops_cluster::{bootstrap_done, ctl, get, logs, metrics};
 
 const STREAMS: usize = 8;
 const REC: usize = 8;
@@ -25,34 +26,27 @@ fn record(i: u64) -> Vec<u8> {
 /// serves what it applied without stating tail facts).
 fn serves(c: &Cluster, i: usize, path: &str, want: &[u8]) -> bool {
     let part = want.len().saturating_sub(REC);
-    if part == 0 {
-        return true;
-    }
-    let q = format!("{path}?offset=-1&max_bytes={part}");
-    c.nodes[i]
-        .get(&q)
-        .is_some_and(|r| r.status == 200 && r.body == want[..part])
+    part == 0 || c.nodes[i].read_local(path, part).as_deref() == Some(&want[..part])
 }
 
 #[test]
 fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
-    let root = tempfile::tempdir().unwrap();
-    let mut c = Cluster::start(root.path(), 3, 4);
-    let o = c.ctl(&["wait-ready", "--expected-groups", "4"]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
-    c.bootstrap_done();
-    let ports = c.ports();
+    let mut c = ops_cluster::start(3, 4);
+    let o = ctl(&c, &["wait-ready", "--expected-groups", "4"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
+    bootstrap_done(&c);
+    let client = c.client();
     let ct = [("content-type", "application/octet-stream")];
 
     // Data in (very likely) every group.
     let mut want: Vec<Vec<u8>> = vec![Vec::new(); STREAMS];
     for (s, w) in want.iter_mut().enumerate() {
         let path = format!("/repl/s{s}");
-        let r = send(&ports, "PUT", &path, &ct, b"", Instant::now() + T).unwrap();
+        let r = send(&client, "PUT", &path, &ct, b"", Instant::now() + T).unwrap();
         assert_eq!(r.status, 201, "{}", r.describe());
         for i in 0..5 {
             let rec = record(i);
-            let r = send(&ports, "POST", &path, &ct, &rec, Instant::now() + T).unwrap();
+            let r = send(&client, "POST", &path, &ct, &rec, Instant::now() + T).unwrap();
             assert_eq!(r.status / 100, 2, "{}", r.describe());
             w.extend(rec);
         }
@@ -60,13 +54,14 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
 
     // A writer with an idempotent producer, through nodes 1 and 2, for the whole test.
     let path = "/repl/live";
-    let r = send(&ports, "PUT", path, &ct, b"", Instant::now() + T).unwrap();
+    let r = send(&client, "PUT", path, &ct, b"", Instant::now() + T).unwrap();
     assert_eq!(r.status, 201);
     let acked = Arc::new(Mutex::new(0u64));
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (acked, stop) = (Arc::clone(&acked), Arc::clone(&stop));
-        let ports = ports[..2].to_vec();
+        let mut client = c.client();
+        client.addrs.truncate(2);
         std::thread::spawn(move || {
             let mut seq = 0u64;
             while !stop.load(Ordering::SeqCst) && seq < 100_000 {
@@ -77,7 +72,7 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
                     ("producer-epoch", "0"),
                     ("producer-seq", s.as_str()),
                 ];
-                let r = send(&ports, "POST", path, &h, &record(seq), Instant::now() + T)
+                let r = send(&client, "POST", path, &h, &record(seq), Instant::now() + T)
                     .expect("a write was never acknowledged");
                 assert!(r.status / 100 == 2, "write {seq}: {}", r.describe());
                 seq += 1;
@@ -95,8 +90,7 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
 
     // It stays out: not ready (and says why), nothing in its log, no leader known.
     let reasons = || {
-        c.nodes[2]
-            .get("/__ursula/ready")
+        get(&c.nodes[2], "/__ursula/ready")
             .map(|r| (r.status, r.text()))
             .unwrap_or_default()
     };
@@ -106,13 +100,13 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
         why.contains("permission to rejoin") && why.contains("allow-rejoin --node 3"),
         "{why}"
     );
-    let m = c.nodes[2].metrics().unwrap();
+    let m = metrics(&c.nodes[2]).unwrap();
     assert_eq!(
         m["rejoin"]["awaiting_permission"],
         serde_json::json!([0, 1, 2, 3]),
         "{m}"
     );
-    let status = c.ctl(&["status"]);
+    let status = ctl(&c, &["status"]);
     assert!(
         status.stdout.contains("awaiting-permission=[0,1,2,3]"),
         "{status:?}"
@@ -123,7 +117,7 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
         common::wait_until(T, || acked_now() >= before + 20),
         "writes stalled"
     );
-    let m = c.nodes[2].metrics().unwrap();
+    let m = metrics(&c.nodes[2]).unwrap();
     for g in m["raft_groups"].as_array().unwrap() {
         assert!(
             g["last_log_index"].is_null(),
@@ -133,16 +127,16 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
     assert_eq!(reasons().0, 503);
 
     // The operator allows it; it rehydrates every group and becomes ready.
-    let o = c.ctl(&["allow-rejoin", "--node", "3"]);
-    assert_eq!(o.code, 0, "{o:?}\n{}", c.logs());
+    let o = ctl(&c, &["allow-rejoin", "--node", "3"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
     assert!(o.stdout.contains("allowed in 4 of 4 groups"), "{o:?}");
     assert!(
         common::wait_until(T, || c.nodes[2].ready()),
         "the replaced node never became ready: {:?}\n{}",
         reasons(),
-        c.logs()
+        logs(&c)
     );
-    let m = c.nodes[2].metrics().unwrap();
+    let m = metrics(&c.nodes[2]).unwrap();
     assert_eq!(
         m["rejoin"]["awaiting_permission"],
         serde_json::json!([]),
@@ -150,7 +144,7 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
     );
     assert_eq!(m["rejoin"]["rehydrating"], serde_json::json!([]), "{m}");
     // A second allow-rejoin has nothing to do.
-    let o = c.ctl(&["allow-rejoin", "--node", "3"]);
+    let o = ctl(&c, &["allow-rejoin", "--node", "3"]);
     assert_eq!(o.code, 0, "{o:?}");
     assert!(o.stdout.contains("awaits no permission"), "{o:?}");
 
@@ -165,7 +159,7 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
     let n = acked_now();
     let live: Vec<u8> = (0..n).flat_map(record).collect();
     let r = send(
-        &ports,
+        &client,
         "GET",
         &format!("{path}?offset=-1"),
         &[],
@@ -188,4 +182,18 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
         common::wait_until(T, || serves(&c, 2, path, &live)),
         "the replaced node does not serve the live stream"
     );
+}
+
+/// [`common::cluster::Client::send`] from node 0, the answer only.
+fn send(
+    client: &common::cluster::Client,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    deadline: Instant,
+) -> Option<common::Response> {
+    client
+        .send(0, method, path, headers, body, deadline)
+        .map(|(_, r)| r)
 }
