@@ -143,11 +143,17 @@ pub async fn undrain(ctx: &Ctx, node: u64, out: &mut Out) -> Result<(), CtlError
 }
 
 /// Whether each node accepts leadership transfers (`GET /__ursula/leadership-shed`); a node
-/// without that endpoint (older) counts as accepting, an unreachable one as not.
+/// without that endpoint (older) counts as accepting, an unreachable one as not, and so does
+/// a replaced node that still awaits permission or rehydrates in some group (it refuses to
+/// campaign until it caught up).
 async fn accepting(ctx: &Ctx, s: &Sample) -> BTreeMap<u64, bool> {
     let asks = s.nodes.iter().map(|(n, m)| async move {
-        if m.is_err() {
-            return (n.id, false);
+        match m {
+            Err(_) => return (n.id, false),
+            Ok(m) if !m.awaiting_permission.is_empty() || !m.rehydrating.is_empty() => {
+                return (n.id, false);
+            }
+            Ok(_) => {}
         }
         let url = format!("{}/__ursula/leadership-shed", n.http_url);
         let ok = match ctx.client.call(Method::GET, &url).await {

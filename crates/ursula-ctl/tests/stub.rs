@@ -331,6 +331,15 @@ fn drain_moves_every_leadership_and_undrain_clears_the_mark() {
 }
 
 #[test]
+fn drain_skips_a_node_that_is_rejoining() {
+    let s = Stub::start(3, vec![1, 1]);
+    s.state.lock().unwrap().awaiting = vec![(3, vec![0, 1])];
+    let (code, out, err) = s.ctl(&["drain", "--node", "1"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(s.leaders(), vec![2, 2]);
+}
+
+#[test]
 fn drain_without_a_safe_target_is_a_safety_abort() {
     let s = Stub::start(2, vec![1, 1]);
     s.state.lock().unwrap().maintenance.insert(2);

@@ -10,7 +10,7 @@ mod ops_cluster;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::cluster::{CLUSTER_T as T, Cluster};
 use ops_cluster::{bootstrap_done, ctl, get, logs, metrics};
@@ -52,16 +52,16 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
         }
     }
 
-    // A writer with an idempotent producer, through nodes 1 and 2, for the whole test.
+    // A writer with an idempotent producer, for the whole test.
     let path = "/repl/live";
     let r = send(&client, "PUT", path, &ct, b"", Instant::now() + T).unwrap();
     assert_eq!(r.status, 201);
-    let acked = Arc::new(Mutex::new(0u64));
+    let acked: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (acked, stop) = (Arc::clone(&acked), Arc::clone(&stop));
-        let mut client = c.client();
-        client.addrs.truncate(2);
+        // Starts at node 1; node 3 is reached only by a redirect once it leads a group.
+        let client = c.client();
         std::thread::spawn(move || {
             let mut seq = 0u64;
             while !stop.load(Ordering::SeqCst) && seq < 100_000 {
@@ -76,11 +76,11 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
                     .expect("a write was never acknowledged");
                 assert!(r.status / 100 == 2, "write {seq}: {}", r.describe());
                 seq += 1;
-                *acked.lock().unwrap() = seq;
+                acked.lock().unwrap().push(Instant::now());
             }
         })
     };
-    let acked_now = || *acked.lock().unwrap();
+    let acked_now = || acked.lock().unwrap().len() as u64;
 
     // SIGKILL node 3, wipe its disk, start it again with the same configuration.
     c.nodes[2].kill9();
@@ -111,11 +111,22 @@ fn a_wiped_node_stays_out_until_allowed_then_rehydrates() {
         status.stdout.contains("awaiting-permission=[0,1,2,3]"),
         "{status:?}"
     );
-    // Writes go on meanwhile, and the node takes none of them.
-    let before = acked_now();
+    // Writes go on meanwhile (over a balancer tick or two, which must not stall them on the
+    // node that cannot take a leadership), and the node takes none of them.
+    let from = acked_now() as usize;
+    let t0 = Instant::now();
     assert!(
-        common::wait_until(T, || acked_now() >= before + 20),
+        common::wait_until(T, || t0.elapsed() >= Duration::from_secs(6)
+            && acked_now() as usize >= from + 20),
         "writes stalled"
+    );
+    let gap = {
+        let a = acked.lock().unwrap();
+        a[from..].windows(2).map(|w| w[1] - w[0]).max().unwrap()
+    };
+    assert!(
+        gap < Duration::from_secs(1),
+        "writes stalled for {gap:?} while node 3 awaited permission"
     );
     let m = metrics(&c.nodes[2]).unwrap();
     for g in m["raft_groups"].as_array().unwrap() {
