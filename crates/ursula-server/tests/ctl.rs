@@ -211,3 +211,66 @@ fn transfer_leader_drain_and_undrain_on_three_processes() {
     );
     assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
 }
+
+#[test]
+fn allow_next_revert_answers_per_contract() {
+    let c = ops_cluster::start(3, 2);
+    let o = ctl(&c, &["wait-ready", "--expected-groups", "2"]);
+    assert_eq!(o.code, 0, "{o:?}\n{}", logs(&c));
+    let post = |i: usize, path: &str| {
+        let addr = c.nodes[i].admin_addr().unwrap();
+        common::try_request(
+            addr,
+            "POST",
+            path,
+            &[],
+            b"",
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let path = |g: &str, n: &str| format!("/__ursula/raft/{g}/nodes/{n}/allow-next-revert");
+    // Group 0's leader and a follower, re-sampled if leadership moves (the balancer may).
+    let roles = || {
+        let mut l = None;
+        let found = common::wait_until(T, || {
+            l = (1..=3).find(|&n| led_by(&c, n).contains(&0));
+            l.is_some()
+        });
+        assert!(found, "group 0 has no leader");
+        let l = l.unwrap();
+        (l, (1..=3).find(|&n| n != l).unwrap())
+    };
+    let deadline = std::time::Instant::now() + T;
+    let (leader, follower, r) = loop {
+        let (l, f) = roles();
+        let r = post(l as usize - 1, &path("0", &f.to_string()));
+        if r.status != 409 || std::time::Instant::now() > deadline {
+            break (l, f, r);
+        }
+    };
+    // An intact node needs nothing: 200, state not-awaiting, the commit index sent along.
+    assert_eq!(r.status, 200, "{}", r.describe());
+    let j: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["state"], "not-awaiting", "{j}");
+    assert_eq!(j["raft_group_id"], 0);
+    assert!(j["commit_index"].as_u64().is_some(), "{j}");
+    // A follower: 409 NOT_LEADER naming the leader.
+    let r = post(follower as usize - 1, &path("0", &leader.to_string()));
+    assert_eq!(r.status, 409, "{}", r.describe());
+    assert!(r.text().contains("NOT_LEADER"), "{}", r.text());
+    let li = leader as usize - 1;
+    // Not a voter, the leader itself, no such group, not numbers: 400 JSON.
+    for p in [
+        path("0", "9"),
+        path("0", &leader.to_string()),
+        path("7", "2"),
+        path("x", "2"),
+        path("0", "two"),
+    ] {
+        let r = post(li, &p);
+        assert_eq!(r.status, 400, "{p}: {}", r.describe());
+        let j: Value = serde_json::from_slice(&r.body).unwrap();
+        assert!(j["error"]["message"].as_str().is_some(), "{p}: {j}");
+    }
+}
