@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use openraft::ServerState;
 use sim::*;
-use ursula_raft::AllowError;
+use ursula_raft::{AllowError, TransferError};
 
 /// No node of `among` leads `group` for all of `window` (bounded wait on a condition that must
 /// stay false).
@@ -49,6 +49,15 @@ async fn a_wiped_node_waits_for_permission_and_votes_only_once_caught_up() {
     c.wipe(wiped).await;
     c.open(wiped, false).await;
     assert_eq!(c.nodes[&wiped].groups_awaiting_permission(), vec![0]);
+    // A leadership transfer to it is turned down (its elect is refused), and it leads nothing.
+    match c.nodes[&leader]
+        .transfer_leader(0, wiped, Duration::from_secs(3))
+        .await
+    {
+        Err(TransferError::Refused { .. } | TransferError::Timeout { .. }) => {}
+        r => panic!("a transfer to an awaiting node: {r:?}"),
+    }
+    assert!(!c.nodes[&wiped].leads(0));
 
     // It takes nothing from the leader meanwhile, and the others keep committing.
     for i in 30..40 {

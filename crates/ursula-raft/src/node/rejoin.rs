@@ -310,7 +310,16 @@ impl Node {
     /// Handles a frame before the ordinary dispatch: refuses what a marked group must not take
     /// (`Err`), answers a permission (`Some`), or lets the frame through (`None`).
     pub(crate) async fn handle_rejoin_rpc(&self, frame: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        self.rejoin_gate(frame)?;
+        if let Err(reason) = self.rejoin_gate(frame) {
+            // A transfer's elect gets a refusal it understands (the leader moves on to
+            // another target at once); anything else a failed send, retried.
+            if frame.get(5) == Some(&wire::KIND_ELECT) {
+                return Ok(Some(wire::encode_response::<wire::ElectResult>(&Err(
+                    reason,
+                ))));
+            }
+            return Err(reason);
+        }
         let Some((group, until)) = wire::decode_allow(frame)? else {
             return Ok(None);
         };
