@@ -7,8 +7,9 @@
 //! twice in one term. Every group starts **awaiting permission**: every Raft RPC of the group
 //! (append, vote, snapshot, anything else but a propose and the permission itself) is refused
 //! with an error, which the sender's transport treats as a failed send and retries, and the
-//! group never campaigns. Kinds are let through by a list, so a kind added later (a
-//! leadership transfer's elect) is refused to a marked group until it lists it.
+//! group never campaigns. A transfer's elect (kind 5) gets a refusal in its own answer
+//! format, so the transferring leader moves on at once. Kinds are let through by a list, so
+//! a kind added later is refused to a marked group until it is listed here.
 //!
 //! `POST /__ursula/raft/{group}/nodes/{node}/allow-next-revert` on the group's leader sends
 //! the node a one-shot permission (wire kind 6) carrying the leader's commit index. The group
