@@ -107,7 +107,7 @@ pub use listener::ApplyListener;
 pub use log_store::LogStore;
 pub use metrics::GroupMetrics;
 pub use network::{RpcFuture, Transport, TransportError};
-pub use node::{Node, NodeConfig, RaftTiming, ShedState, TransferError, shed};
+pub use node::{AllowError, Allowed, Node, NodeConfig, RaftTiming, ShedState, TransferError, shed};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 pub use types::{Batch, BatchResponse, TypeConfig};
 pub use ursula_storage::WalOptions;

@@ -12,6 +12,7 @@
 //! | 2 vote | `bincode(VoteRequest)` | `bincode(Result<VoteResponse, RaftError>)` |
 //! | 4 propose (a cross-group request to the group's leader) | `Command::encode` (current schema) | `bincode(Result<Response, RemoteProposeError>)` |
 //! | 5 elect (a leader hands a group's leadership to this node) | empty | `bincode(Result<(), String>)` |
+//! | 6 allow-next-revert (a leader's one-shot permission to a wiped node, `node/rejoin.rs`) | `commit_index u64 LE` | `bincode(Result<u8, String>)`: 0 not awaiting, 1 armed, 2 already rehydrating |
 //! | 3 install-snapshot chunk | `bincode(InstallSnapshotRequest)` (one chunk of at most `snapshot_max_chunk_size` bytes) | `bincode(Result<InstallSnapshotResponse, RaftError<InstallSnapshotError>>)` |
 //!
 //! Entries travel in the WAL's own entry encoding (versioned, and the one every node already
@@ -43,6 +44,7 @@ pub(crate) const KIND_VOTE: u8 = 2;
 pub(crate) const KIND_SNAPSHOT: u8 = 3;
 pub(crate) const KIND_PROPOSE: u8 = 4;
 pub(crate) const KIND_ELECT: u8 = 5;
+pub(crate) const KIND_ALLOW: u8 = 6;
 
 /// A decoded request.
 pub(crate) enum Request {
@@ -238,4 +240,31 @@ pub(crate) fn decode_response<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, St
         return Err(format!("raft wire version {version} is not supported"));
     }
     bincode::deserialize(rd).map_err(|e| e.to_string())
+}
+
+/// The answer to an allow-next-revert frame (see the table above).
+pub(crate) type AllowAnswer = Result<u8, String>;
+
+pub(crate) fn encode_allow(group: u32, commit_index: u64) -> Vec<u8> {
+    let mut out = header(KIND_ALLOW, group);
+    out.extend_from_slice(&commit_index.to_le_bytes());
+    out
+}
+
+/// `Some((group, commit_index))` if `bytes` is an allow-next-revert request, `None` for any
+/// other kind (left to [`decode_request`]).
+pub(crate) fn decode_allow(bytes: &[u8]) -> Result<Option<(u32, u64)>, String> {
+    if bytes.get(5) != Some(&KIND_ALLOW) {
+        return Ok(None);
+    }
+    let mut rd = bytes;
+    if take(&mut rd, 4)? != REQUEST_MAGIC || take(&mut rd, 1)?[0] != WIRE_VERSION {
+        return Err("not an ursula raft request of this version".into());
+    }
+    take(&mut rd, 1)?;
+    let group = take_u32(&mut rd)?;
+    let b = take(&mut rd, 8)?;
+    let mut index = [0u8; 8];
+    index.copy_from_slice(b);
+    Ok(Some((group, u64::from_le_bytes(index))))
 }

@@ -1,17 +1,38 @@
 //! Per-group Raft metrics (cluster.md §13, issue 13): for every group this node runs, its
 //! role, term, leader, log and apply positions, and on a leader the replication lag of each
-//! peer. Prometheus gets them with `group` (and `peer`) labels; the JSON metrics a
+//! peer. Prometheus gets them with `group` (and `peer`) labels; the JSON metrics the
+//! `raft_groups` array of cluster.md §9.1 (what `ursulactl` reads) and the older, terser
 //! `raft_group_metrics` array. A term that keeps rising counts elections.
 
 use crate::app::App;
 use std::fmt::Write;
+use std::time::Duration;
 use ursula_raft::GroupMetrics as GroupRow;
+
+/// How long the JSON metrics wait for each group's Raft core to say what it has committed
+/// (they ask every group at once); a core that does not answer in time reports its last
+/// applied entry instead, a lower bound.
+const COMMITTED_WAIT: Duration = Duration::from_millis(50);
 
 /// Every group's metrics, from the Raft facade.
 pub fn rows(app: &App) -> Vec<GroupRow> {
     (0..app.node.group_count())
         .map(|g| app.node.group_metrics(g))
         .collect()
+}
+
+/// [`rows`] with each group's committed entry filled in, asked of every group concurrently.
+pub async fn rows_with_committed(app: &App) -> Vec<GroupRow> {
+    let mut rows = rows(app);
+    let asks = rows
+        .iter()
+        .map(|r| app.node.group_committed(r.group, COMMITTED_WAIT));
+    let committed = futures::future::join_all(asks).await;
+    for (r, c) in rows.iter_mut().zip(committed) {
+        // Applied entries are committed: never report less than that.
+        r.committed_id = c.max(r.applied_id);
+    }
+    rows
 }
 
 /// A per-group gauge: name, help, value (if the group has one).
@@ -69,7 +90,86 @@ pub fn prometheus(rows: &[GroupRow]) -> String {
     out
 }
 
-/// The rows as JSON.
+/// Node replacement (cluster.md §5.3): `{"awaiting_permission": [groups],
+/// "rehydrating": [groups], "rehydrating_until": {group: index}}`; what `ursulactl
+/// allow-rejoin` reads.
+pub fn rejoin_json(node: &ursula_raft::Node) -> serde_json::Value {
+    let rehydrating = node.groups_rehydrating();
+    serde_json::json!({
+        "awaiting_permission": node.groups_awaiting_permission(),
+        "rehydrating": rehydrating.iter().map(|(g, _)| g).collect::<Vec<_>>(),
+        "rehydrating_until": rehydrating.iter()
+            .map(|(g, u)| (g.to_string(), serde_json::Value::from(*u)))
+            .collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+/// Readiness reasons of a replaced node's groups.
+pub fn rejoin_reasons(node: &ursula_raft::Node) -> Vec<String> {
+    let me = node.node_id();
+    let mut out = Vec::new();
+    let awaiting = node.groups_awaiting_permission();
+    if !awaiting.is_empty() {
+        out.push(format!(
+            "raft groups {awaiting:?} await the leader's permission to rejoin (empty data              directory): run `ursulactl allow-rejoin --node {me}`"
+        ));
+    }
+    for (g, until) in node.groups_rehydrating() {
+        out.push(format!(
+            "raft group {g} is rehydrating from its leader (votes once it applied index {until})"
+        ));
+    }
+    out
+}
+
+/// `(term, index)` as the two spec fields `{prefix}_term` and `{prefix}_index` (null: none).
+fn put_id(
+    o: &mut serde_json::Map<String, serde_json::Value>,
+    prefix: &str,
+    id: Option<(u64, u64)>,
+) {
+    o.insert(format!("{prefix}_term"), id.map(|(t, _)| t).into());
+    o.insert(format!("{prefix}_index"), id.map(|(_, i)| i).into());
+}
+
+/// The rows as cluster.md §9.1's `raft_groups[]`: indices are Raft log indices (null: none),
+/// `current_leader` null when no leader is known.
+pub fn spec_json(rows: &[GroupRow]) -> serde_json::Value {
+    rows.iter()
+        .map(|r| {
+            let mut v = serde_json::json!({
+                "raft_group_id": r.group,
+                "node_id": r.node_id,
+                "state": role_name(r.role),
+                "current_term": r.term,
+                "current_leader": (r.leader != 0).then_some(r.leader),
+                "last_log_index": r.last_log_index,
+                "voter_ids": r.voter_ids,
+                "learner_ids": r.learner_ids,
+                "millis_since_quorum_ack": r.since_quorum_ack_ms,
+            });
+            if let Some(o) = v.as_object_mut() {
+                put_id(o, "committed", r.committed_id);
+                put_id(o, "last_applied", r.applied_id);
+                put_id(o, "snapshot", r.snapshot_id);
+                put_id(o, "purged", r.purged_id);
+            }
+            v
+        })
+        .collect()
+}
+
+fn role_name(role: u64) -> &'static str {
+    match role {
+        0 => "follower",
+        1 => "candidate",
+        2 => "leader",
+        3 => "learner",
+        _ => "shutdown",
+    }
+}
+
+/// The rows as the terse `raft_group_metrics` array (counts, not indices).
 pub fn json(rows: &[GroupRow]) -> serde_json::Value {
     rows.iter()
         .map(|r| {
@@ -97,6 +197,7 @@ mod tests {
     fn labels_each_group_and_peer() {
         let rows = vec![GroupRow {
             group: 3,
+            node_id: 1,
             role: 2,
             term: 7,
             leader: 1,
@@ -104,6 +205,11 @@ mod tests {
             last_applied: 9,
             since_quorum_ack_ms: Some(12),
             replication: vec![(2, 0), (3, 4)],
+            last_log_index: Some(9),
+            applied_id: Some((7, 8)),
+            committed_id: Some((7, 9)),
+            voter_ids: vec![1, 2, 3],
+            ..Default::default()
         }];
         let text = prometheus(&rows);
         assert!(
@@ -114,5 +220,21 @@ mod tests {
         assert!(text.contains("ursula_raft_group_replication_lag{group=\"3\",peer=\"3\"} 4\n"));
         let j = json(&rows);
         assert_eq!(j[0]["replication_lag"][1]["lag"], 4);
+        let s = spec_json(&rows);
+        assert_eq!(s[0]["raft_group_id"], 3);
+        assert_eq!(s[0]["current_leader"], 1);
+        assert_eq!(s[0]["committed_index"], 9);
+        assert_eq!(s[0]["last_applied_term"], 7);
+        assert_eq!(s[0]["last_applied_index"], 8);
+        assert!(s[0]["snapshot_index"].is_null());
+        assert_eq!(s[0]["voter_ids"], serde_json::json!([1, 2, 3]));
+        assert_eq!(s[0]["learner_ids"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn no_leader_is_null() {
+        let s = spec_json(&[GroupRow::default()]);
+        assert!(s[0]["current_leader"].is_null(), "{s}");
+        assert!(s[0]["last_log_index"].is_null(), "{s}");
     }
 }

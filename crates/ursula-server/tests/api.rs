@@ -1603,7 +1603,20 @@ fn health_and_metrics_report_what_happened() {
         25
     );
     assert_eq!(n(&m, "streams"), 1);
-    assert_eq!(n(&m, "raft_groups"), 4);
+    assert_eq!(n(&m, "raft_group_count"), 4);
+    assert_eq!(m["wal_backend"], "disk");
+    let groups = m["raft_groups"].as_array().expect("raft_groups array");
+    assert_eq!(groups.len(), 4);
+    for (i, g) in groups.iter().enumerate() {
+        assert_eq!(g["raft_group_id"], i as u64, "{g}");
+        assert_eq!(g["node_id"], 1, "{g}");
+        // A single node leads every group, and has committed and applied what it logged.
+        assert_eq!(g["current_leader"], 1, "{g}");
+        assert_eq!(g["voter_ids"], serde_json::json!([1]), "{g}");
+        assert!(g["current_term"].as_u64().is_some_and(|t| t >= 1), "{g}");
+        assert_eq!(g["committed_index"], g["last_log_index"], "{g}");
+        assert!(g["last_applied_index"].as_u64().is_some(), "{g}");
+    }
     // Every acknowledged append was synced; concurrent ones may share a sync.
     assert!(n(&m, "wal_syncs_total") > n(&before, "wal_syncs_total"));
     assert!(n(&m, "wal_disk_bytes") > 0);

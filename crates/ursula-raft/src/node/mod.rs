@@ -25,11 +25,13 @@ use crate::types::{Batch, Raft};
 mod batcher;
 mod cluster;
 mod open;
+mod rejoin;
 mod rpc;
 mod transfer;
 mod upkeep;
 
 pub use cluster::RaftTiming;
+pub use rejoin::{AllowError, Allowed};
 pub use transfer::{ShedState, TransferError, shed};
 
 use batcher::run_batcher;
@@ -168,6 +170,8 @@ pub struct Node {
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     shut_down: tokio::sync::Mutex<bool>,
+    /// Groups a wiped data directory may not take part in yet (`rejoin.rs`).
+    rejoin: Arc<rejoin::Rejoin>,
 }
 
 impl std::fmt::Debug for Node {
@@ -204,6 +208,7 @@ impl Node {
             .await
             .map_err(|e| RaftError::Internal(format!("recovery task failed: {e}")))??;
         let wal = rec.wal.clone();
+        let rejoin = Arc::clone(&rec.rejoin);
         let mut started_groups = Vec::with_capacity(cfg.group_count as usize);
         let (purged, head) = match start_groups(&cfg, rec, &mut started_groups).await {
             Ok(r) => r,
@@ -260,6 +265,7 @@ impl Node {
             purged,
         };
         tasks.push(tokio::spawn(upkeep.run(stop.subscribe())));
+        rejoin::start(&rejoin, &groups);
         let node = Node {
             node_id: cfg.node_id,
             peers: cfg.peers.clone(),
@@ -272,6 +278,7 @@ impl Node {
             stop,
             tasks: Mutex::new(tasks),
             shut_down: tokio::sync::Mutex::new(false),
+            rejoin,
         };
         tracing::info!(
             node_id = node.node_id,

@@ -9,6 +9,7 @@ pub(super) struct Recovered {
     pub(super) head: Lsn,
     pub(super) logs: Vec<(LogInner, Marks)>,
     pub(super) snapshots: Vec<(Loaded, PathBuf)>,
+    pub(super) rejoin: Arc<super::rejoin::Rejoin>,
 }
 
 fn snapshot_path(dir: &Path, group: u32) -> PathBuf {
@@ -37,6 +38,12 @@ pub(super) fn recover(cfg: &NodeConfig) -> Result<Recovered, RaftError> {
     let wal_dir = data.join("wal");
     let snap_dir = data.join("snapshots");
     let fresh = dir_is_empty(&wal_dir)? && dir_is_empty(&snap_dir)?;
+    // Before node.toml exists: a wiped node must never look intact after a crash here.
+    let wiped = fresh
+        && !data.join(identity::FILE_NAME).exists()
+        && cfg.peers.keys().any(|&p| p != cfg.node_id)
+        && !cfg.init_membership;
+    let rejoin = Arc::new(super::rejoin::Rejoin::open(data, wiped, cfg.group_count)?);
     identity::check_or_create(
         data,
         &Identity {
@@ -117,6 +124,7 @@ pub(super) fn recover(cfg: &NodeConfig) -> Result<Recovered, RaftError> {
         head,
         logs,
         snapshots,
+        rejoin,
     })
 }
 

@@ -15,6 +15,9 @@ impl Node {
     /// An undecodable frame or an unknown group is an `Err` (the transport answers it as a
     /// bad request; the sender treats it as a network failure and retries).
     pub async fn handle_rpc(&self, frame: &[u8]) -> Result<Vec<u8>, String> {
+        if let Some(answer) = self.handle_rejoin_rpc(frame).await? {
+            return Ok(answer);
+        }
         let (group, req) = wire::decode_request(frame)?;
         let g = self
             .groups

@@ -123,8 +123,10 @@ impl Node {
             self.shed.0.fetch_and(!bit, Ordering::SeqCst);
         }
         let state = self.shed_state();
-        for g in &self.groups {
-            g.raft.runtime_config().elect(state.should_campaign());
+        for (i, g) in self.groups.iter().enumerate() {
+            // A replaced node's groups stay quiet until they rehydrated (rejoin.rs).
+            self.rejoin
+                .set_elect(i as u32, &g.raft, state.should_campaign());
         }
         state
     }
@@ -207,9 +209,8 @@ impl Node {
         g.raft.runtime_config().elect(false);
         let result = self.hand_over(g, group, target, deadline).await;
         g.raft.runtime_config().heartbeat(true);
-        g.raft
-            .runtime_config()
-            .elect(self.shed_state().should_campaign());
+        self.rejoin
+            .set_elect(group, &g.raft, self.shed_state().should_campaign());
         result
     }
 

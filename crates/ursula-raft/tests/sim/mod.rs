@@ -95,6 +95,25 @@ impl Cluster {
         }
     }
 
+    /// Node `id`'s data directory.
+    pub fn dir(&self, id: u64) -> &Path {
+        self.dirs[&id].path()
+    }
+
+    /// Kills node `id` and deletes everything in its data directory (a replaced disk).
+    pub async fn wipe(&mut self, id: u64) {
+        self.kill(id).await;
+        let dir = self.dirs[&id].path().to_owned();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).unwrap();
+            } else {
+                std::fs::remove_file(&p).unwrap();
+            }
+        }
+    }
+
     /// Waits until one of `among` leads `group` (and the others of `among` that are reachable
     /// know it), returning it.
     pub async fn leader(&self, group: u32, among: &[u64]) -> u64 {

@@ -41,6 +41,9 @@ async fn dispatch(app: &Arc<App>, method: &Method, path: &str) -> ApiResult {
         {
             leadership::transfer(app, group, node).await
         }
+        (&Method::POST, s) if super::admin_raft::handles(s) => {
+            super::admin_raft::handle(app, s).await
+        }
         (m, _) if m == Method::GET || m == Method::HEAD => ops::handle(app, m, &segs).await,
         _ => Err(not_found()),
     }

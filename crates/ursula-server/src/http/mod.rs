@@ -1,6 +1,7 @@
 //! The HTTP API: one entry point that answers CORS, routes, and adds the common headers.
 
 pub mod admin;
+pub mod admin_raft;
 pub mod body;
 pub mod bootstrap;
 pub mod boundary;

@@ -15,7 +15,12 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     let (status, body, ct) = match path.as_slice() {
         ["metrics"] => {
             let mut j = app.metrics.json(&extra_metrics(app));
-            j["raft_group_metrics"] = raft_metrics::json(&raft_metrics::rows(app));
+            let rows = raft_metrics::rows_with_committed(app).await;
+            j["raft_group_count"] = rows.len().into();
+            j["wal_backend"] = "disk".into();
+            j["raft_groups"] = raft_metrics::spec_json(&rows);
+            j["raft_group_metrics"] = raft_metrics::json(&rows);
+            j["rejoin"] = raft_metrics::rejoin_json(&app.node);
             (StatusCode::OK, j.to_string(), "application/json")
         }
         ["metrics", "prometheus"] => (
@@ -47,6 +52,7 @@ pub fn not_ready_reasons(app: &App) -> Vec<String> {
     for g in app.node.leaderless_groups() {
         reasons.push(format!("raft group {g} has no known leader"));
     }
+    reasons.extend(raft_metrics::rejoin_reasons(&app.node));
     if let Some(t) = &app.tiering
         && let Some(r) = t.health.reason()
     {
@@ -120,6 +126,16 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
             app.node.led_groups().len() as u64,
         ),
         ("ursula_raft_node_id", "gauge", app.node.node_id()),
+        (
+            "ursula_raft_groups_awaiting_permission",
+            "gauge",
+            app.node.groups_awaiting_permission().len() as u64,
+        ),
+        (
+            "ursula_raft_groups_rehydrating",
+            "gauge",
+            app.node.groups_rehydrating().len() as u64,
+        ),
         (
             "ursula_raft_voters",
             "gauge",
