@@ -106,6 +106,19 @@ pub struct RaftSection {
     pub election_timeout_min: Option<std::time::Duration>,
     #[serde(deserialize_with = "opt_duration")]
     pub election_timeout_max: Option<std::time::Duration>,
+    /// `[raft.wal]`.
+    pub wal: WalSection,
+}
+
+/// `[raft.wal]` (spec cluster.md §2.4).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WalSection {
+    /// `disk` (the only log engine: every node's log is durable). `memory` is refused.
+    pub backend: Option<String>,
+    /// The node's state directory: when set, it is the data directory (the WAL, the group
+    /// snapshots and the node identity live together under it); flags still win.
+    pub path: Option<PathBuf>,
 }
 
 impl RaftSection {
@@ -151,12 +164,15 @@ pub struct RuntimeConfig {
     /// §6.4). Default: 1 MiB.
     #[serde(deserialize_with = "size")]
     pub external_payload_min_size: u64,
+    /// Worker threads of the node's async runtime. Default: unset, one per available core.
+    pub core_count: Option<usize>,
 }
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             external_payload_min_size: 1 << 20,
+            core_count: None,
         }
     }
 }
@@ -221,12 +237,27 @@ impl Config {
         if let Some(g) = self.raft.group_count {
             self.group_count = g;
         }
+        if let Some(p) = &self.raft.wal.path {
+            self.data_dir = p.clone();
+        }
     }
 
     /// The membership checks of spec cluster.md §7.11.
     fn validate_raft(&self) -> anyhow::Result<()> {
         let r = &self.raft;
         anyhow::ensure!(r.node_id != Some(0), "raft.node_id must be non-zero");
+        match r.wal.backend.as_deref() {
+            None | Some("disk") => {}
+            Some("memory") => anyhow::bail!(
+                "raft.wal.backend = \"memory\" is not supported: the log is always on disk \
+                 (for a throwaway test node, set fsync = false)"
+            ),
+            Some(other) => anyhow::bail!("raft.wal.backend must be \"disk\", got {other:?}"),
+        }
+        anyhow::ensure!(
+            self.runtime.core_count != Some(0),
+            "runtime.core_count must be at least 1"
+        );
         let t = r.timing();
         anyhow::ensure!(
             0 < t.heartbeat_ms
@@ -513,6 +544,16 @@ mod cluster_tests {
             err("[raft]\nheartbeat_interval = \"200ms\"\n".into()).contains("heartbeat_interval")
         );
         assert!(toml::from_str::<Config>("[governance]\nbogus = 1\n").is_err());
+        // The spec's [raft.wal] and [runtime] core_count keys.
+        let c = parse(
+            "[runtime]\ncore_count = 2\n[raft.wal]\nbackend = \"disk\"\npath = \"/var/lib/u\"\n",
+        );
+        c.validate().expect("valid");
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/u"));
+        assert_eq!(c.runtime.core_count, Some(2));
+        assert!(err("[raft.wal]\nbackend = \"memory\"\n".into()).contains("not supported"));
+        assert!(err("[raft.wal]\nbackend = \"tape\"\n".into()).contains("disk"));
+        assert!(err("[runtime]\ncore_count = 0\n".into()).contains("core_count"));
         let unshared = "[storage.cold]\nbackend = \"local\"\n";
         assert!(err(format!("[raft]\nnode_id = 1\n{PEERS}{unshared}")).contains("shared"));
     }

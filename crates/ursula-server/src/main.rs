@@ -213,9 +213,11 @@ fn main() -> anyhow::Result<()> {
     };
     let (cfg, log_format) = args.into_config()?;
     init_tracing(&log_format);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cfg.runtime.core_count {
+        rt.worker_threads(n);
+    }
+    let rt = rt.enable_all().build()?;
     rt.block_on(serve(cfg))
 }
 

@@ -6,19 +6,24 @@ use openraft::error::CheckIsLeaderError;
 
 /// Election and heartbeat timing of every group (milliseconds).
 ///
-/// The defaults aim at writes resuming within about a second of a leader's death. A leader
-/// heartbeats every 50 ms. openraft 0.9 lets a follower campaign only once its leader lease
+/// The defaults aim at writes resuming well within a second of a leader's death. A leader
+/// heartbeats every 100 ms. openraft 0.9 lets a follower campaign only once its leader lease
 /// (fixed to `election_max_ms`) plus its election timeout (drawn once per group and node from
 /// `election_min_ms..election_max_ms`) have passed since it last heard from the leader, so a
-/// dead leader's groups have a new one after 450-600 ms plus a vote round trip. A node that
-/// was once turned down for a shorter log waits another `2 x election_max_ms` (600 ms) on its
+/// dead leader's groups have a new one after 550-700 ms plus a vote round trip. A node that
+/// was once turned down for a shorter log waits another `2 x election_max_ms` (700 ms) on its
 /// next try (openraft clears that mark only when it campaigns), so the worst single election
-/// is about 1.2 s; measured over real processes: see docs/cluster.md.
+/// is about 1.4 s; measured over real processes: see docs/cluster.md.
 ///
-/// The cost: each leader sends each peer 20 heartbeats per group per second (4 groups, 2
-/// peers: 160 small RPCs per second; 64 groups: 2560), and a node that stalls for about
-/// 450 ms (a saturated disk or CPU, a frozen VM) loses its leaderships, which is safe but
-/// costs an election. Slower networks want larger values.
+/// openraft also gives up on an append-entries RPC after `heartbeat_ms`, entries included, so
+/// a follower's WAL write and fsync must fit in it; 50 ms made a loaded disk miss it (the
+/// leader retries, commits take seconds, leaderships move), so the heartbeat is 100 ms.
+///
+/// The cost: each leader sends each peer 10 heartbeats per group per second (4 groups, 2
+/// peers: 80 small RPCs per second; 64 groups: 1280), and a node that stalls for about
+/// 550 ms (a saturated disk or CPU, a frozen VM) loses its leaderships, which is safe but
+/// costs an election. Slower networks and disks want larger values (`[raft]
+/// heartbeat_interval`, `election_timeout_min`, `election_timeout_max`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RaftTiming {
     pub heartbeat_ms: u64,
@@ -29,9 +34,9 @@ pub struct RaftTiming {
 impl Default for RaftTiming {
     fn default() -> Self {
         RaftTiming {
-            heartbeat_ms: 50,
-            election_min_ms: 150,
-            election_max_ms: 300,
+            heartbeat_ms: 100,
+            election_min_ms: 200,
+            election_max_ms: 350,
         }
     }
 }
