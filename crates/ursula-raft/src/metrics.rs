@@ -20,6 +20,9 @@ pub struct GroupMetrics {
     pub last_log: u64,
     /// Entries applied (last applied index + 1).
     pub last_applied: u64,
+    /// Terms this group began since this process opened it: every election (won or not)
+    /// starts a new term, so this counts elections seen by this node.
+    pub elections: u64,
     /// On a leader: milliseconds since a quorum last acknowledged it.
     pub since_quorum_ack_ms: Option<u64>,
     /// On a leader: `(peer, entries it is behind the leader's log)`.
@@ -77,6 +80,7 @@ pub(crate) fn of(group: u32, m: &openraft::RaftMetrics<u64, openraft::BasicNode>
         leader: m.current_leader.unwrap_or(0),
         last_log,
         last_applied: m.last_applied.map_or(0, |l| l.index + 1),
+        elections: 0,
         since_quorum_ack_ms: m.millis_since_quorum_ack,
         replication,
         last_log_index: m.last_log_index,

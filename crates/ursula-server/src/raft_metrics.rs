@@ -2,7 +2,7 @@
 //! role, term, leader, log and apply positions, and on a leader the replication lag of each
 //! peer. Prometheus gets them with `group` (and `peer`) labels; the JSON metrics the
 //! `raft_groups` array of cluster.md §9.1 (what `ursulactl` reads) and the older, terser
-//! `raft_group_metrics` array. A term that keeps rising counts elections.
+//! `raft_group_metrics` array. `elections` counts the terms a group began since the process started.
 
 use crate::app::App;
 use std::fmt::Write;
@@ -41,13 +41,18 @@ type Gauge = (&'static str, &'static str, fn(&GroupRow) -> Option<u64>);
 /// The rows in the Prometheus text format.
 pub fn prometheus(rows: &[GroupRow]) -> String {
     let mut out = String::new();
-    let gauges: [Gauge; 6] = [
+    let gauges: [Gauge; 7] = [
         (
             "ursula_raft_group_role",
             "0 follower, 1 candidate, 2 leader, 3 learner, 4 shut down",
             |r| Some(r.role),
         ),
         ("ursula_raft_group_term", "current term", |r| Some(r.term)),
+        (
+            "ursula_raft_group_elections",
+            "terms begun since this process started (elections, won or not)",
+            |r| Some(r.elections),
+        ),
         (
             "ursula_raft_group_leader",
             "leader's node id (0: none)",
@@ -177,6 +182,7 @@ pub fn json(rows: &[GroupRow]) -> serde_json::Value {
                 "group": r.group,
                 "role": r.role,
                 "term": r.term,
+                "elections": r.elections,
                 "leader": r.leader,
                 "last_log_index": r.last_log,
                 "commit_lag": r.last_log.saturating_sub(r.last_applied),

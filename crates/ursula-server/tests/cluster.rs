@@ -199,6 +199,21 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         gaps[gaps.len() - 1]
     );
 
+    // The elections of the last cycle (the frozen leader's) show in the survivors' metrics.
+    let elections: u64 = (0..c.nodes.len())
+        .filter_map(|i| c.nodes[i].prometheus())
+        .flat_map(|text| {
+            text.lines()
+                .filter(|l| l.starts_with("ursula_raft_group_elections{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert!(
+        elections > 0,
+        "no election counted in ursula_raft_group_elections"
+    );
+
     // Every acknowledged append exactly once, in order, on every node: a follower serves what
     // it applied (all but the tail byte, so it states no tail fact), the full read is
     // redirected to the leader.

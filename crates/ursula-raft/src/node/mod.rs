@@ -147,6 +147,8 @@ struct Group {
     state: Arc<RwLock<GroupState>>,
     applied: watch::Receiver<u64>,
     queue: mpsc::Sender<Pending>,
+    /// The group's term when this process opened it (elections are counted from it).
+    opened_term: u64,
     /// Batches submitted to openraft and not yet answered (at most
     /// [`MAX_INFLIGHT_BATCHES`]); a leadership transfer holds every permit to pause the group.
     inflight: Arc<Semaphore>,
@@ -243,7 +245,9 @@ impl Node {
                 stop.subscribe(),
                 Arc::clone(wal.health()),
             )));
+            let opened_term = raft.metrics().borrow().current_term;
             groups.push(Group {
+                opened_term,
                 raft,
                 state: parts.state,
                 applied: parts.applied,
@@ -368,8 +372,11 @@ impl Node {
     /// # Panics
     /// If `group >= self.group_count()`.
     pub fn group_metrics(&self, group: u32) -> crate::GroupMetrics {
-        let m = self.groups[group as usize].raft.metrics().borrow().clone();
-        crate::metrics::of(group, &m)
+        let g = &self.groups[group as usize];
+        let m = g.raft.metrics().borrow().clone();
+        let mut row = crate::metrics::of(group, &m);
+        row.elections = m.current_term.saturating_sub(g.opened_term);
+        row
     }
 
     /// The last applied log index of `group`; changes after every applied batch.
