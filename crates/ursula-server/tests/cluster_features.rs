@@ -32,19 +32,30 @@ fn ok(r: &common::Response) {
 
 #[test]
 fn forks_producers_snapshots_and_retention_across_nodes() {
-    let mut c = Cluster::start(ClusterSpec::new(3));
+    let mut spec = ClusterSpec::new(3);
+    // Right after start one node may lead every group; the balancer spreads them.
+    spec.top_toml = "[governance.leadership_balance]\ninterval = \"1s\"\n".into();
+    let mut c = Cluster::start(spec);
     c.wait_ready();
     let client: Client = c.client();
     let src = "/feat/source";
-    let src_leader = leader_of(&mut c, src);
-    let fork = (0..64)
-        .map(|i| format!("/feat/fork{i}"))
-        .find(|p| leader_of(&mut c, p) != src_leader)
-        .expect("a fork path whose group another node leads");
+    let mut src_leader = 0;
+    let mut fork = None;
+    let spread = common::wait_until(common::cluster::CLUSTER_T, || {
+        src_leader = leader_of(&mut c, src);
+        fork = (0..64)
+            .map(|i| format!("/feat/fork{i}"))
+            .find(|p| leader_of(&mut c, p) != src_leader);
+        fork.is_some()
+    });
+    assert!(spread, "no fork path whose group another node leads");
+    let fork = fork.unwrap();
     let fork_leader = leader_of(&mut c, &fork);
     assert_ne!(src_leader, fork_leader);
     // Every request starts at a node that leads neither stream, or at the other leader.
-    let third = (0..3).find(|&i| i != src_leader && i != fork_leader).unwrap();
+    let third = (0..3)
+        .find(|&i| i != src_leader && i != fork_leader)
+        .unwrap();
 
     // The source, written by an idempotent producer; a retried append lands once.
     ok(&client.must(third, "PUT", src, &[OCTET], b""));
@@ -77,8 +88,16 @@ fn forks_producers_snapshots_and_retention_across_nodes() {
     ok(&client.must(src_leader, "POST", &fork, &[OCTET], b"f0;"));
     ok(&client.must(src_leader, "POST", src, &[OCTET], b"s4;"));
     for i in 0..3 {
-        assert_eq!(client.read_all(i, &fork), b"s0;s1;f0;", "fork read from node {i}");
-        assert_eq!(client.read_all(i, src), b"s0;s1;s2;s3;s4;", "source from node {i}");
+        assert_eq!(
+            client.read_all(i, &fork),
+            b"s0;s1;f0;",
+            "fork read from node {i}"
+        );
+        assert_eq!(
+            client.read_all(i, src),
+            b"s0;s1;s2;s3;s4;",
+            "source from node {i}"
+        );
     }
 
     // The source is soft-deleted while the fork pins it; the fork keeps its inherited bytes.
@@ -87,7 +106,11 @@ fn forks_producers_snapshots_and_retention_across_nodes() {
     let r = client.must(third, "GET", &format!("{src}?offset=-1"), &[], b"");
     assert!(matches!(r.status, 404 | 410), "{}", r.describe());
     for i in 0..3 {
-        assert_eq!(client.read_all(i, &fork), b"s0;s1;f0;", "fork after the source's delete");
+        assert_eq!(
+            client.read_all(i, &fork),
+            b"s0;s1;f0;",
+            "fork after the source's delete"
+        );
     }
 
     // A snapshot of the fork, retention before it, and a bootstrap that starts there.
@@ -101,7 +124,13 @@ fn forks_producers_snapshots_and_retention_across_nodes() {
     );
     assert_eq!(r.status, 204, "{}", r.describe());
     ok(&client.must(third, "POST", &fork, &[OCTET], b"f1;"));
-    let r = client.must(third, "GET", &format!("{fork}/snapshot/{snap_at}"), &[], b"");
+    let r = client.must(
+        third,
+        "GET",
+        &format!("{fork}/snapshot/{snap_at}"),
+        &[],
+        b"",
+    );
     assert_eq!(r.status, 200, "{}", r.describe());
     assert_eq!(r.body, b"STATE");
     let r = client.must(
@@ -116,7 +145,10 @@ fn forks_producers_snapshots_and_retention_across_nodes() {
     assert_eq!(r.status, 200, "{}", r.describe());
     let text = String::from_utf8_lossy(&r.body);
     assert!(text.contains("STATE") && text.contains("f1;"), "{text}");
-    assert!(!text.contains("s0;"), "retained history in the bootstrap: {text}");
+    assert!(
+        !text.contains("s0;"),
+        "retained history in the bootstrap: {text}"
+    );
 
     // The fork's delete releases the soft-deleted source (the pin crosses back).
     let r = client.must(third, "DELETE", &fork, &[], b"");
@@ -124,5 +156,8 @@ fn forks_producers_snapshots_and_retention_across_nodes() {
     let gone = common::wait_until(common::cluster::CLUSTER_T, || {
         client.must(third, "HEAD", src, &[], b"").status == 404
     });
-    assert!(gone, "the source stayed soft-deleted after its last fork was deleted");
+    assert!(
+        gone,
+        "the source stayed soft-deleted after its last fork was deleted"
+    );
 }

@@ -8,12 +8,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::cluster::{CLUSTER_T as T, Client, Cluster, ClusterSpec, Node};
+use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, Node, ProducerWriter};
 use common::wait_until;
 
 const STREAMS: [&str; 2] = ["/five/a", "/five/b"];
@@ -22,41 +21,6 @@ const REC: usize = 10;
 
 fn record(stream: usize, i: u64) -> Vec<u8> {
     format!("{stream}:{i:07}\n").into_bytes()
-}
-
-/// Acknowledgement times of the appends of one stream, in order.
-type Acked = Arc<Mutex<Vec<Instant>>>;
-
-/// Appends record after record to `STREAMS[s]` with an idempotent producer through whichever
-/// node answers, until `stop`; a retried record is deduplicated, so each is there once.
-fn writer(client: Client, s: usize, acked: Acked, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut at = s;
-        let mut seq = 0u64;
-        while !stop.load(Ordering::SeqCst) && seq < 100_000 {
-            let n = seq.to_string();
-            let h = [
-                ("content-type", "application/octet-stream"),
-                ("producer-id", "five"),
-                ("producer-epoch", "0"),
-                ("producer-seq", n.as_str()),
-            ];
-            let (i, r) = client
-                .send(
-                    at,
-                    "POST",
-                    STREAMS[s],
-                    &h,
-                    &record(s, seq),
-                    Instant::now() + T,
-                )
-                .expect("a write never succeeded");
-            assert!(r.status / 100 == 2, "append {seq}: {}", r.describe());
-            at = i;
-            acked.lock().unwrap().push(Instant::now());
-            seq += 1;
-        }
-    })
 }
 
 /// The node serves from its own replica every acknowledged byte but the last record (a read
@@ -88,7 +52,20 @@ fn five_nodes_survive_two_killed_leaders() {
     let stop = Arc::new(AtomicBool::new(false));
     let acked: Vec<Acked> = (0..2).map(|_| Acked::default()).collect();
     let writers: Vec<_> = (0..2)
-        .map(|s| writer(client.clone(), s, Arc::clone(&acked[s]), Arc::clone(&stop)))
+        .map(|s| {
+            ProducerWriter {
+                path: STREAMS[s].to_owned(),
+                producer: "five".to_owned(),
+                from: s,
+                max: 100_000,
+            }
+            .spawn(
+                client.clone(),
+                move |i| record(s, i),
+                Arc::clone(&acked[s]),
+                Arc::clone(&stop),
+            )
+        })
         .collect();
     let count = |s: usize| acked[s].lock().unwrap().len();
     assert!(wait_until(T, || count(0) >= 20 && count(1) >= 20));

@@ -9,12 +9,11 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::cluster::{CLUSTER_T as T, Client, Cluster, ClusterSpec};
+use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, ProducerWriter};
 use common::wait_until;
 
 const STREAMS: [&str; 3] = ["/roll/a", "/roll/b", "/roll/c"];
@@ -24,38 +23,6 @@ const MAX_GAP: Duration = Duration::from_millis(500);
 
 fn record(stream: usize, i: u64) -> Vec<u8> {
     format!("{stream}:{i:07}\n").into_bytes()
-}
-
-type Acked = Arc<Mutex<Vec<Instant>>>;
-
-fn writer(client: Client, s: usize, acked: Acked, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut at = s;
-        let mut seq = 0u64;
-        while !stop.load(Ordering::SeqCst) && seq < 200_000 {
-            let n = seq.to_string();
-            let h = [
-                ("content-type", "application/octet-stream"),
-                ("producer-id", "roll"),
-                ("producer-epoch", "0"),
-                ("producer-seq", n.as_str()),
-            ];
-            let (i, r) = client
-                .send(
-                    at,
-                    "POST",
-                    STREAMS[s],
-                    &h,
-                    &record(s, seq),
-                    Instant::now() + T,
-                )
-                .expect("a write never succeeded");
-            assert!(r.status / 100 == 2, "append {seq}: {}", r.describe());
-            at = i;
-            acked.lock().unwrap().push(Instant::now());
-            seq += 1;
-        }
-    })
 }
 
 /// The longest window between two acknowledgements, and when it ended.
@@ -98,7 +65,20 @@ fn rolling_restart_with_leadership_hand_over_loses_nothing_and_never_stalls() {
     let stop = Arc::new(AtomicBool::new(false));
     let acked: Vec<Acked> = STREAMS.iter().map(|_| Acked::default()).collect();
     let writers: Vec<_> = (0..STREAMS.len())
-        .map(|s| writer(c.client(), s, Arc::clone(&acked[s]), Arc::clone(&stop)))
+        .map(|s| {
+            ProducerWriter {
+                path: STREAMS[s].to_owned(),
+                producer: "roll".to_owned(),
+                from: s,
+                max: 200_000,
+            }
+            .spawn(
+                c.client(),
+                move |i| record(s, i),
+                Arc::clone(&acked[s]),
+                Arc::clone(&stop),
+            )
+        })
         .collect();
     let progressed = |acked: &[Acked], n: usize| acked.iter().all(|a| a.lock().unwrap().len() >= n);
     assert!(

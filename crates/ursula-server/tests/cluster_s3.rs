@@ -13,12 +13,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Instant;
 
-use common::cluster::{CLUSTER_T as T, Client, Cluster, ClusterSpec, ColdStore};
+use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, ColdStore, ProducerWriter};
 use common::wait_until;
 
 const STREAMS: [&str; 2] = ["/clus3/a", "/clus3/b"];
@@ -30,43 +28,6 @@ const PHASE: usize = 40;
 fn record(stream: usize, i: u64) -> Vec<u8> {
     let head = format!("<{stream}:{i:08}>");
     head.bytes().cycle().take(REC).collect()
-}
-
-/// Appends record after record to `STREAMS[s]` with an idempotent producer through whichever
-/// node answers (`503 COLD_BACKPRESSURE` and elections are retried), until `stop`.
-fn writer(
-    client: Client,
-    s: usize,
-    acked: Arc<Mutex<usize>>,
-    stop: Arc<AtomicBool>,
-) -> JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut at = s;
-        let mut seq = 0u64;
-        while !stop.load(Ordering::SeqCst) && seq < 10_000 {
-            let n = seq.to_string();
-            let h = [
-                ("content-type", "application/octet-stream"),
-                ("producer-id", "cs3"),
-                ("producer-epoch", "0"),
-                ("producer-seq", n.as_str()),
-            ];
-            let (i, r) = client
-                .send(
-                    at,
-                    "POST",
-                    STREAMS[s],
-                    &h,
-                    &record(s, seq),
-                    Instant::now() + T,
-                )
-                .expect("a write never succeeded");
-            assert!(r.status / 100 == 2, "append {seq}: {}", r.describe());
-            at = i;
-            *acked.lock().unwrap() += 1;
-            seq += 1;
-        }
-    })
 }
 
 #[test]
@@ -102,11 +63,24 @@ fn a_cluster_shares_one_s3_bucket_across_a_leader_kill() {
         assert_eq!(r.status, 201, "{}", r.describe());
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let acked: Vec<Arc<Mutex<usize>>> = (0..2).map(|_| Arc::default()).collect();
+    let acked: Vec<Acked> = (0..2).map(|_| Acked::default()).collect();
     let writers: Vec<_> = (0..2)
-        .map(|s| writer(client.clone(), s, Arc::clone(&acked[s]), Arc::clone(&stop)))
+        .map(|s| {
+            ProducerWriter {
+                path: STREAMS[s].to_owned(),
+                producer: "cs3".to_owned(),
+                from: s,
+                max: 10_000,
+            }
+            .spawn(
+                client.clone(),
+                move |i| record(s, i),
+                Arc::clone(&acked[s]),
+                Arc::clone(&stop),
+            )
+        })
         .collect();
-    let count = |s: usize| *acked[s].lock().unwrap();
+    let count = |s: usize| acked[s].lock().unwrap().len();
 
     // Enough for a flush, then the leader of stream a's group dies while writes go on.
     let lead = c.stream_leader(STREAMS[0]);

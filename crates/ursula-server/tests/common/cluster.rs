@@ -638,3 +638,54 @@ pub fn split_location(loc: &str) -> Option<(SocketAddr, String)> {
     };
     Some((addr, path))
 }
+
+/// Acknowledgement times of one writer's appends, in order.
+pub type Acked = std::sync::Arc<std::sync::Mutex<Vec<Instant>>>;
+
+/// A writer thread that appends record after record to one stream with an idempotent
+/// producer (epoch 0, `Producer-Seq` from 0) through whichever node answers
+/// ([`Client::send`]), so a retried record lands once. Every append must be answered `2xx`
+/// within [`CLUSTER_T`].
+pub struct ProducerWriter {
+    /// Stream path.
+    pub path: String,
+    pub producer: String,
+    /// Node the first append goes to.
+    pub from: usize,
+    /// At most this many appends.
+    pub max: u64,
+}
+
+impl ProducerWriter {
+    /// Starts the thread: it appends `record(seq)` until `stop` (or `max`), pushing the time
+    /// of each acknowledgement to `acked`.
+    pub fn spawn(
+        self,
+        client: Client,
+        record: impl Fn(u64) -> Vec<u8> + Send + 'static,
+        acked: Acked,
+        stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut at = self.from;
+            let mut seq = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && seq < self.max {
+                let n = seq.to_string();
+                let h = [
+                    ("content-type", "application/octet-stream"),
+                    ("producer-id", self.producer.as_str()),
+                    ("producer-epoch", "0"),
+                    ("producer-seq", n.as_str()),
+                ];
+                let deadline = Instant::now() + CLUSTER_T;
+                let (i, r) = client
+                    .send(at, "POST", &self.path, &h, &record(seq), deadline)
+                    .expect("a write never succeeded");
+                assert!(r.status / 100 == 2, "append {seq}: {}", r.describe());
+                at = i;
+                acked.lock().unwrap().push(Instant::now());
+                seq += 1;
+            }
+        })
+    }
+}
