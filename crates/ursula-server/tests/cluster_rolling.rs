@@ -204,6 +204,32 @@ fn transfer_and_maintenance_routes() {
     );
     assert_eq!(r.status, 400, "{}", r.describe());
 
+    // A Raft snapshot on demand, on any node; a group that is not one is a 400.
+    let r = common::request(
+        admin(follower),
+        "POST",
+        "/__ursula/raft/1/snapshot",
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.describe());
+    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(j["raft_group_id"], 1);
+    assert!(j["snapshot_index"].as_u64().is_some(), "{j}");
+    let r = common::request(
+        admin(follower),
+        "POST",
+        "/__ursula/raft/9/snapshot",
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 400, "{}", r.describe());
+    assert!(
+        r.text().contains("INVALID_ADMIN_TARGET"),
+        "{}",
+        r.describe()
+    );
+
     // A transfer moves the leadership to the named node.
     let to = follower + 1;
     let r = common::request(

@@ -178,3 +178,42 @@ impl Upkeep {
         true
     }
 }
+
+/// How often [`Node::snapshot_covering`] asks again: openraft drops a trigger while it builds
+/// another snapshot (which may predate what the caller needs covered).
+const SNAPSHOT_RETRY: Duration = Duration::from_millis(500);
+
+impl Node {
+    /// Gets `group` to snapshot until a snapshot covers applied index `upto` (after which
+    /// openraft purges the log behind it and WAL upkeep deletes the segments nothing pins);
+    /// returns the snapshot's last index, or `None` if none covered it within `timeout` (or
+    /// the group stopped).
+    ///
+    /// # Panics
+    /// If `group >= self.group_count()`.
+    pub async fn snapshot_covering(&self, group: u32, upto: u64, timeout: Duration) -> Option<u64> {
+        let raft = &self.groups[group as usize].raft;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let have = raft.metrics().borrow().snapshot.map(|l| l.index);
+            if have.is_some_and(|i| i >= upto) {
+                return have;
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            if let Err(e) = raft.trigger().snapshot().await {
+                tracing::warn!(group, error = %e, "could not trigger a snapshot");
+                return None;
+            }
+            let wait = SNAPSHOT_RETRY.min(deadline.saturating_duration_since(Instant::now()));
+            let _ = raft
+                .wait(Some(wait))
+                .metrics(
+                    |m| m.snapshot.is_some_and(|l| l.index >= upto),
+                    "snapshot covers the index",
+                )
+                .await;
+        }
+    }
+}

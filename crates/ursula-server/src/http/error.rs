@@ -59,7 +59,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | INVALID_SNAPSHOT_MANIFEST
         | UNKNOWN_SNAPSHOT_PART
         | SNAPSHOT_DIGEST_MISMATCH
-        | NOT_A_VOTER => StatusCode::BAD_REQUEST,
+        | NOT_A_VOTER
+        | INVALID_ADMIN_TARGET => StatusCode::BAD_REQUEST,
         STAGED_PARTS_LIMIT => StatusCode::TOO_MANY_REQUESTS,
         REQUEST_TIMEOUT => StatusCode::REQUEST_TIMEOUT,
         PAYLOAD_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,

@@ -98,8 +98,9 @@ pub async fn transfer(app: &App, group: &str, node: &str) -> ApiResult {
         Err(e @ TransferError::Timeout { .. }) => {
             Err(ApiError::new(ErrorCode::LEADER_UNAVAILABLE, e.to_string()))
         }
-        Err(e @ TransferError::NoSuchGroup(_)) => {
-            Err(ApiError::new(ErrorCode::NOT_FOUND, e.to_string()))
-        }
+        Err(e @ TransferError::NoSuchGroup(_)) => Err(ApiError::new(
+            ErrorCode::INVALID_ADMIN_TARGET,
+            e.to_string(),
+        )),
     }
 }

@@ -19,7 +19,6 @@ use ursula_core::command::{At, Op, Reply};
 const COMPACT_AFTER_FREED_BYTES: u64 = 1 << 20;
 /// How long, and how often, to ask until a snapshot covers the retention.
 const COMPACT_DEADLINE: Duration = Duration::from_secs(60);
-const COMPACT_RETRY: Duration = Duration::from_millis(500);
 
 pub async fn handle(
     app: &Arc<App>,
@@ -62,28 +61,19 @@ pub async fn handle(
 }
 
 /// Asks, in the background, for a Raft snapshot of `group` that covers everything applied
-/// so far. openraft drops a trigger while it builds another snapshot (which may predate the
-/// retention), so the task asks again until a snapshot covers it. After the snapshot,
-/// openraft purges the log behind it and WAL upkeep deletes the segments nothing pins.
-/// (`Node::trigger_snapshot`, once ursula-raft offers it, should replace the raw trigger.)
+/// so far (the retention's own entry included: the state machine's applied index counts it
+/// before the client gets its answer). After the snapshot, openraft purges the log behind it
+/// and WAL upkeep deletes the segments nothing pins.
 fn compact_soon(app: &Arc<App>, group: u32) {
-    let raft = app.node.raft(group).clone();
-    // The retention's own entry must be covered. The state machine's applied index counts it
-    // before the client gets its answer; openraft's metrics may not yet (they are published
-    // once per pass of its core loop).
-    let target = Some(*app.node.applied(group).borrow());
+    let node = Arc::clone(&app.node);
+    let upto = *app.node.applied(group).borrow();
     tokio::spawn(async move {
-        let deadline = tokio::time::Instant::now() + COMPACT_DEADLINE;
-        loop {
-            let covered = raft.metrics().borrow().snapshot.map(|l| l.index) >= target;
-            if covered || tokio::time::Instant::now() >= deadline {
-                break;
-            }
-            if let Err(e) = raft.trigger().snapshot().await {
-                tracing::warn!(group, error = %e, "could not trigger a snapshot after retention");
-                break;
-            }
-            tokio::time::sleep(COMPACT_RETRY).await;
+        if node
+            .snapshot_covering(group, upto, COMPACT_DEADLINE)
+            .await
+            .is_none()
+        {
+            tracing::warn!(group, upto, "no snapshot covered a retention in time");
         }
     });
 }
