@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, Node, ProducerWriter};
+use common::cluster::{CLUSTER_T as T, Cluster, ClusterSpec, Node, spawn_writers};
 use common::wait_until;
 
 const STREAMS: [&str; 2] = ["/five/a", "/five/b"];
@@ -50,23 +50,7 @@ fn five_nodes_survive_two_killed_leaders() {
         assert_eq!(r.status, 201, "{}", r.describe());
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let acked: Vec<Acked> = (0..2).map(|_| Acked::default()).collect();
-    let writers: Vec<_> = (0..2)
-        .map(|s| {
-            ProducerWriter {
-                path: STREAMS[s].to_owned(),
-                producer: "five".to_owned(),
-                from: s,
-                max: 100_000,
-            }
-            .spawn(
-                client.clone(),
-                move |i| record(s, i),
-                Arc::clone(&acked[s]),
-                Arc::clone(&stop),
-            )
-        })
-        .collect();
+    let (acked, writers) = spawn_writers(&client, &STREAMS, "five", 100_000, record, &stop);
     let count = |s: usize| acked[s].lock().unwrap().len();
     assert!(wait_until(T, || count(0) >= 20 && count(1) >= 20));
 

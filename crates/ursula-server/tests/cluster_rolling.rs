@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, ProducerWriter};
+use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, spawn_writers};
 use common::wait_until;
 
 const STREAMS: [&str; 3] = ["/roll/a", "/roll/b", "/roll/c"];
@@ -63,23 +63,7 @@ fn rolling_restart_with_leadership_hand_over_loses_nothing_and_never_stalls() {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
-    let acked: Vec<Acked> = STREAMS.iter().map(|_| Acked::default()).collect();
-    let writers: Vec<_> = (0..STREAMS.len())
-        .map(|s| {
-            ProducerWriter {
-                path: STREAMS[s].to_owned(),
-                producer: "roll".to_owned(),
-                from: s,
-                max: 200_000,
-            }
-            .spawn(
-                c.client(),
-                move |i| record(s, i),
-                Arc::clone(&acked[s]),
-                Arc::clone(&stop),
-            )
-        })
-        .collect();
+    let (acked, writers) = spawn_writers(&c.client(), &STREAMS, "roll", 200_000, record, &stop);
     let progressed = |acked: &[Acked], n: usize| acked.iter().all(|a| a.lock().unwrap().len() >= n);
     assert!(
         wait_until(T, || progressed(&acked, 20)),
@@ -173,87 +157,58 @@ fn transfer_and_maintenance_routes() {
         .iter()
         .map(|n| n.admin_addr().expect("admin address in the log"))
         .collect();
-    let admin = |i: usize| admins[i];
     let follower = (leader + 1) % 3;
+    // One admin-plane call without a body.
+    let call =
+        |i: usize, method: &str, path: &str| common::request(admins[i], method, path, &[], b"");
+    let transfer = |i: usize, g: u32, to: &str| {
+        call(
+            i,
+            "POST",
+            &format!("/__ursula/raft/{g}/leader/transfer/{to}"),
+        )
+    };
+    let ok_json = |r: common::Response| {
+        assert_eq!(r.status, 200, "{}", r.describe());
+        r.json()
+    };
 
     // A follower refuses to transfer; an unknown node is not a voter; bad ids are 400s.
-    let r = common::request(
-        admin(follower),
-        "POST",
-        &format!("/__ursula/raft/0/leader/transfer/{}", leader + 1),
-        &[],
-        b"",
+    let r = transfer(follower, 0, &(leader + 1).to_string());
+    common::assert_error(&r, 409, "NOT_LEADER");
+    assert_eq!(
+        r.header("x-ursula-raft-leader-id"),
+        Some((leader + 1).to_string().as_str())
     );
-    assert_eq!(r.status, 409, "{}", r.describe());
-    assert!(r.text().contains("NOT_LEADER"), "{}", r.describe());
-    let r = common::request(
-        admin(leader),
-        "POST",
-        "/__ursula/raft/0/leader/transfer/9",
-        &[],
-        b"",
+    common::assert_error(&transfer(leader, 0, "9"), 400, "NOT_A_VOTER");
+    common::assert_error(
+        &call(leader, "POST", "/__ursula/raft/x/leader/transfer/1"),
+        400,
+        "INVALID_ADMIN_TARGET",
     );
-    assert_eq!(r.status, 400, "{}", r.describe());
-    assert!(r.text().contains("NOT_A_VOTER"), "{}", r.describe());
-    let r = common::request(
-        admin(leader),
-        "POST",
-        "/__ursula/raft/x/leader/transfer/1",
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 400, "{}", r.describe());
 
     // A Raft snapshot on demand, on any node; a group that is not one is a 400.
-    let r = common::request(
-        admin(follower),
-        "POST",
-        "/__ursula/raft/1/snapshot",
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 200, "{}", r.describe());
-    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let j = ok_json(call(follower, "POST", "/__ursula/raft/1/snapshot"));
     assert_eq!(j["raft_group_id"], 1);
     assert!(j["snapshot_index"].as_u64().is_some(), "{j}");
-    let r = common::request(
-        admin(follower),
-        "POST",
-        "/__ursula/raft/9/snapshot",
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 400, "{}", r.describe());
-    assert!(
-        r.text().contains("INVALID_ADMIN_TARGET"),
-        "{}",
-        r.describe()
+    common::assert_error(
+        &call(follower, "POST", "/__ursula/raft/9/snapshot"),
+        400,
+        "INVALID_ADMIN_TARGET",
     );
 
     // A transfer moves the leadership to the named node.
     let to = follower + 1;
-    let r = common::request(
-        admin(leader),
-        "POST",
-        &format!("/__ursula/raft/0/leader/transfer/{to}"),
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 200, "{}", r.describe());
-    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    let j = ok_json(transfer(leader, 0, &to.to_string()));
     assert_eq!(j["leader"], to as u64);
     assert!(wait_until(T, || c.group_leader(0) == follower));
 
     // The maintenance mark: the node reports it, hands its leaderships away and refuses new ones.
-    let r = common::request(
-        admin(follower),
+    let j = ok_json(call(
+        follower,
         "POST",
         "/__ursula/leadership-shed/maintenance",
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 200, "{}", r.describe());
-    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    ));
     assert_eq!(j["state"], "maintenance-drain");
     assert_eq!(j["should_accept_transfer"], false);
     let r = common::request(
@@ -263,40 +218,23 @@ fn transfer_and_maintenance_routes() {
         &[],
         b"",
     );
-    assert_eq!(r.status, 200);
-    assert!(r.text().contains("maintenance-drain"), "{}", r.describe());
+    assert_eq!(ok_json(r)["state"], "maintenance-drain");
     assert!(
         wait_until(T, || (0..2).all(|g| c.group_leader(g) != follower)),
         "node {follower} kept a leadership under maintenance"
     );
     let now = c.group_leader(0);
-    let r = common::request(
-        admin(now),
-        "POST",
-        &format!("/__ursula/raft/0/leader/transfer/{}", follower + 1),
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 409, "{}", r.describe());
-    assert!(r.text().contains("TRANSFER_REFUSED"), "{}", r.describe());
-    let r = common::request(
-        admin(follower),
+    common::assert_error(&transfer(now, 0, &to.to_string()), 409, "TRANSFER_REFUSED");
+    let j = ok_json(call(
+        follower,
         "DELETE",
         "/__ursula/leadership-shed/maintenance",
-        &[],
-        b"",
-    );
-    assert_eq!(r.status, 200);
-    let j: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    ));
     assert_eq!(j["state"], "normal");
-    let r = common::request(
-        admin(now),
-        "POST",
-        &format!("/__ursula/raft/0/leader/transfer/{}", follower + 1),
-        &[],
-        b"",
+    assert_eq!(
+        ok_json(transfer(now, 0, &to.to_string()))["leader"],
+        to as u64
     );
-    assert_eq!(r.status, 200, "{}", r.describe());
 }
 
 #[test]

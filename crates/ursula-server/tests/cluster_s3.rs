@@ -16,7 +16,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::cluster::{Acked, CLUSTER_T as T, Cluster, ClusterSpec, ColdStore, ProducerWriter};
+use common::cluster::{CLUSTER_T as T, Cluster, ClusterSpec, ColdStore, spawn_writers};
 use common::wait_until;
 
 const STREAMS: [&str; 2] = ["/clus3/a", "/clus3/b"];
@@ -63,23 +63,7 @@ fn a_cluster_shares_one_s3_bucket_across_a_leader_kill() {
         assert_eq!(r.status, 201, "{}", r.describe());
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let acked: Vec<Acked> = (0..2).map(|_| Acked::default()).collect();
-    let writers: Vec<_> = (0..2)
-        .map(|s| {
-            ProducerWriter {
-                path: STREAMS[s].to_owned(),
-                producer: "cs3".to_owned(),
-                from: s,
-                max: 10_000,
-            }
-            .spawn(
-                client.clone(),
-                move |i| record(s, i),
-                Arc::clone(&acked[s]),
-                Arc::clone(&stop),
-            )
-        })
-        .collect();
+    let (acked, writers) = spawn_writers(&client, &STREAMS, "cs3", 10_000, record, &stop);
     let count = |s: usize| acked[s].lock().unwrap().len();
 
     // Enough for a flush, then the leader of stream a's group dies while writes go on.

@@ -38,6 +38,20 @@ const CATCH_UP_SLACK: u64 = 64;
 /// The longest a transfer keeps a group's writes paused; then it gives up (`Timeout`).
 const MAX_PAUSE: Duration = Duration::from_millis(1000);
 
+/// How many entries `target` is behind this node's log, by a leader's metrics (`None`: this
+/// node does not replicate, i.e. does not lead).
+fn behind(m: &openraft::RaftMetrics<u64, BasicNode>, target: u64) -> Option<u64> {
+    let next = m.last_log_index.map_or(0, |i| i + 1);
+    let have = m
+        .replication
+        .as_ref()?
+        .get(&target)
+        .copied()
+        .flatten()
+        .map_or(0, |l| l.index + 1);
+    Some(next.saturating_sub(have))
+}
+
 /// Why a transfer did not happen.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum TransferError {
@@ -175,10 +189,7 @@ impl Node {
             .metrics(
                 |m| {
                     m.current_leader != Some(self.node_id)
-                        || m.replication.as_ref().is_some_and(|r| {
-                            let matched = r.get(&target).copied().flatten().map_or(0, |l| l.index);
-                            matched + CATCH_UP_SLACK >= m.last_log_index.unwrap_or(0)
-                        })
+                        || behind(m, target).is_some_and(|n| n <= CATCH_UP_SLACK)
                 },
                 "transfer target nearly caught up",
             )
@@ -247,10 +258,7 @@ impl Node {
                         .metrics(
                             |m| {
                                 m.current_leader != Some(self.node_id)
-                                    || m.replication.as_ref().is_some_and(|r| {
-                                        r.get(&target).copied().flatten().map(|l| l.index)
-                                            == m.last_log_index
-                                    })
+                                    || behind(m, target) == Some(0)
                             },
                             "transfer target caught up",
                         )

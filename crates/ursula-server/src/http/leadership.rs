@@ -57,16 +57,13 @@ pub fn maintenance(app: &App, on: bool) -> ApiResult {
 
 /// `POST /__ursula/raft/{group}/leader/transfer/{node}`.
 pub async fn transfer(app: &App, group: &str, node: &str) -> ApiResult {
-    let bad =
-        |what: &str| ApiError::new(ErrorCode::INVALID_QUERY, format!("{what} must be a number"));
-    let group: u32 = group.parse().map_err(|_| bad("the group id"))?;
-    let target: u64 = node.parse().map_err(|_| bad("the node id"))?;
-    if group >= app.node.group_count() {
-        return Err(ApiError::new(
-            ErrorCode::NOT_FOUND,
-            format!("no raft group {group}"),
-        ));
-    }
+    let group = super::admin_raft::group_id(app, group)?;
+    let target: u64 = node.parse().map_err(|_| {
+        ApiError::new(
+            ErrorCode::INVALID_ADMIN_TARGET,
+            format!("node {node:?} is not a number"),
+        )
+    })?;
     match app
         .node
         .transfer_leader(group, target, TRANSFER_TIMEOUT)
@@ -76,19 +73,9 @@ pub async fn transfer(app: &App, group: &str, node: &str) -> ApiResult {
             StatusCode::OK,
             serde_json::json!({ "raft_group_id": group, "leader": leader }),
         ),
-        Err(TransferError::NotLeader { leader }) => Err(ApiError::new(
-            ErrorCode::NOT_LEADER,
-            match leader {
-                Some(l) => format!(
-                    "node {} does not lead group {group}: node {l} does",
-                    app.node.node_id()
-                ),
-                None => format!(
-                    "node {} does not lead group {group}: no leader is known",
-                    app.node.node_id()
-                ),
-            },
-        )),
+        Err(TransferError::NotLeader { leader }) => {
+            Ok(super::admin_raft::not_leader(app, group, leader))
+        }
         Err(e @ TransferError::NotVoter(_)) => {
             Err(ApiError::new(ErrorCode::NOT_A_VOTER, e.to_string()))
         }

@@ -689,3 +689,36 @@ impl ProducerWriter {
         })
     }
 }
+
+/// One [`ProducerWriter`] per stream of `paths` (writer `i` starts at node `i`, appends
+/// `record(i, seq)` as producer `producer`, at most `max` times); returns each one's
+/// acknowledgement times and the threads.
+pub fn spawn_writers(
+    client: &Client,
+    paths: &[&str],
+    producer: &str,
+    max: u64,
+    record: fn(usize, u64) -> Vec<u8>,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Vec<Acked>, Vec<std::thread::JoinHandle<()>>) {
+    let acked: Vec<Acked> = paths.iter().map(|_| Acked::default()).collect();
+    let threads = paths
+        .iter()
+        .enumerate()
+        .map(|(s, path)| {
+            ProducerWriter {
+                path: (*path).to_owned(),
+                producer: producer.to_owned(),
+                from: s % client.addrs.len(),
+                max,
+            }
+            .spawn(
+                client.clone(),
+                move |i| record(s, i),
+                std::sync::Arc::clone(&acked[s]),
+                std::sync::Arc::clone(stop),
+            )
+        })
+        .collect();
+    (acked, threads)
+}
