@@ -88,6 +88,8 @@
 //! feed readiness and metrics. The policies are in `docs/storage.md`. A snapshot file is only written
 //! while the node's WAL is open, so a reopened node never races a write of a previous instance.
 
+pub mod batch_wire;
+pub mod coalesce;
 mod codec;
 mod error;
 mod identity;
@@ -101,12 +103,13 @@ pub mod testing;
 pub mod types;
 mod wire;
 
+pub use coalesce::CoalesceStats;
 pub use error::{ProposeError, RaftError};
 pub use identity::FORMAT_VERSION;
 pub use listener::ApplyListener;
 pub use log_store::LogStore;
 pub use metrics::GroupMetrics;
-pub use network::{RpcFuture, Transport, TransportError};
+pub use network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError};
 pub use node::{AllowError, Allowed, Node, NodeConfig, RaftTiming, ShedState, TransferError, shed};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 pub use types::{Batch, BatchResponse, TypeConfig};

@@ -22,6 +22,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 
+use crate::coalesce::Coalescer;
 use crate::types::{NodeId, TypeConfig};
 use crate::wire;
 
@@ -40,19 +41,50 @@ pub enum TransportError {
 /// A boxed future of one RPC.
 pub type RpcFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, TransportError>> + Send + 'a>>;
 
-/// Carries one encoded request frame to a peer and returns its encoded response frame.
+/// A boxed future of one batch: `Err` fails every frame not answered yet.
+pub type BatchFuture<'a> = Pin<Box<dyn Future<Output = Result<(), TransportError>> + Send + 'a>>;
+
+/// Hears each answer of a batch, tagged with the frame's index, as soon as it arrives.
+pub type OnAnswer<'a> = dyn FnMut(usize, Result<Vec<u8>, TransportError>) + Send + 'a;
+
+/// Carries encoded request frames to a peer and returns their encoded response frames.
 ///
 /// Implementations keep their own connections (one pool per peer, shared by every group) and
 /// must give up after `timeout`.
 pub trait Transport: Send + Sync + 'static {
+    /// One frame, one answer.
     fn send(&self, target: NodeId, frame: Vec<u8>, timeout: Duration) -> RpcFuture<'_>;
+
+    /// Several frames (of any groups) in one round trip, each answer handed to `on_answer` as
+    /// it arrives ([`crate::batch_wire`]); frames it was not called for when the future ends
+    /// failed with the future's error, or as lost. The default sends each frame on its own.
+    fn send_batch<'a>(
+        &'a self,
+        target: NodeId,
+        frames: Vec<Vec<u8>>,
+        timeout: Duration,
+        on_answer: &'a mut OnAnswer<'a>,
+    ) -> BatchFuture<'a> {
+        Box::pin(async move {
+            use futures::StreamExt;
+            let mut calls: futures::stream::FuturesUnordered<_> = frames
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| async move { (i, self.send(target, f, timeout).await) })
+                .collect();
+            while let Some((i, answer)) = calls.next().await {
+                on_answer(i, answer);
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The network factory of one group.
 #[derive(Clone)]
 pub struct Network {
     group: u32,
-    transport: Option<Arc<dyn Transport>>,
+    transport: Option<Arc<Coalescer>>,
     retry_after: Duration,
 }
 
@@ -61,7 +93,7 @@ impl Network {
     /// it tries again.
     pub(crate) fn new(
         group: u32,
-        transport: Option<Arc<dyn Transport>>,
+        transport: Option<Arc<Coalescer>>,
         retry_after: Duration,
     ) -> Self {
         Network {
@@ -76,7 +108,7 @@ impl Network {
 pub struct PeerClient {
     group: u32,
     target: NodeId,
-    transport: Option<Arc<dyn Transport>>,
+    transport: Option<Arc<Coalescer>>,
     retry_after: Duration,
 }
 
@@ -102,6 +134,7 @@ impl PeerClient {
         &self,
         frame: Result<Vec<u8>, String>,
         timeout: Duration,
+        linger: bool,
     ) -> Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
     where
         T: serde::de::DeserializeOwned,
@@ -114,7 +147,7 @@ impl PeerClient {
                 self.target
             )))));
         };
-        let answer = match transport.send(self.target, frame, timeout).await {
+        let answer = match transport.call(self.target, frame, timeout, linger).await {
             Ok(a) => a,
             Err(e @ TransportError::Unreachable(..)) => {
                 return Err(RPCError::Unreachable(Unreachable::new(&e)));
@@ -144,8 +177,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(wire::encode_append(self.group, &rpc), option.hard_ttl())
-            .await
+        // A heartbeat may wait a moment for other groups' heartbeats to share its request.
+        let heartbeat = rpc.entries.is_empty();
+        self.call(
+            wire::encode_append(self.group, &rpc),
+            option.hard_ttl(),
+            heartbeat,
+        )
+        .await
     }
 
     async fn install_snapshot(
@@ -156,8 +195,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(wire::encode_snapshot(self.group, &rpc), option.hard_ttl())
-            .await
+        self.call(
+            wire::encode_snapshot(self.group, &rpc),
+            option.hard_ttl(),
+            false,
+        )
+        .await
     }
 
     async fn vote(
@@ -165,7 +208,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(wire::encode_vote(self.group, &rpc), option.hard_ttl())
-            .await
+        self.call(
+            wire::encode_vote(self.group, &rpc),
+            option.hard_ttl(),
+            false,
+        )
+        .await
     }
 }

@@ -3,13 +3,17 @@
 //! Frames go through the same encoding as on the real cluster plane and are handed to the
 //! target's [`Node::handle_rpc`]. A test can cut links (partitions, an isolated node), delay
 //! every message, and drop a share of requests or answers (a dropped answer means the request
-//! *was* handled, as when a connection breaks after sending).
+//! *was* handled, as when a connection breaks after sending). Batches (`coalesce.rs`) travel
+//! encoded too, and a cut or lost batch loses every frame in it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use crate::network::{RpcFuture, Transport, TransportError};
+use futures::StreamExt;
+
+use crate::batch_wire::{self, AnswerReader};
+use crate::network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError};
 use crate::node::Node;
 use crate::types::NodeId;
 
@@ -177,6 +181,63 @@ impl Transport for TestTransport {
                     return Err(TransportError::Failed(target, "answer lost".into()));
                 }
                 Ok(answer)
+            };
+            tokio::time::timeout(timeout, work)
+                .await
+                .unwrap_or_else(|_| Err(TransportError::Failed(target, "timed out".into())))
+        })
+    }
+
+    fn send_batch<'a>(
+        &'a self,
+        target: NodeId,
+        frames: Vec<Vec<u8>>,
+        timeout: Duration,
+        on_answer: &'a mut OnAnswer<'a>,
+    ) -> BatchFuture<'a> {
+        Box::pin(async move {
+            let work = async {
+                let (lost, delay) = self.inner.fate(self.from, target);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                if lost {
+                    return Err(TransportError::Unreachable(target, "link down".into()));
+                }
+                let node = self
+                    .inner
+                    .node(target)
+                    .ok_or_else(|| TransportError::Unreachable(target, "not running".into()))?;
+                let batch = bytes::Bytes::from(batch_wire::encode_batch(&frames));
+                let answers = node
+                    .handle_batch(batch)
+                    .map_err(|e| TransportError::Failed(target, e))?;
+                let mut answers = std::pin::pin!(answers);
+                let mut reader = AnswerReader::default();
+                let mut first = true;
+                while let Some(chunk) = answers.next().await {
+                    if std::mem::take(&mut first) {
+                        // The way back: one delay for the whole answer stream.
+                        let (_, delay) = self.inner.fate(target, self.from);
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                    }
+                    reader.push(&chunk);
+                    while let Some((i, answer)) = reader
+                        .next_answer()
+                        .map_err(|e| TransportError::Failed(target, e))?
+                    {
+                        let (lost, _) = self.inner.fate(target, self.from);
+                        let answer = if lost {
+                            Err("answer lost".to_string())
+                        } else {
+                            answer
+                        };
+                        on_answer(i, answer.map_err(|e| TransportError::Failed(target, e)));
+                    }
+                }
+                Ok(())
             };
             tokio::time::timeout(timeout, work)
                 .await

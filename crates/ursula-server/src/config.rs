@@ -96,16 +96,19 @@ pub struct RaftSection {
     /// `[[raft.peers]]`: every voter, this node included. Empty: a one-node cluster.
     pub peers: Vec<PeerConfig>,
     /// How often a leader heartbeats each peer; openraft also gives up on an append-entries
-    /// RPC after this long, so it bounds a follower's WAL write + fsync. Default: 50 ms.
+    /// RPC after this long, so it bounds a follower's WAL write + fsync. Default: 100 ms.
     #[serde(deserialize_with = "opt_duration")]
     pub heartbeat_interval: Option<std::time::Duration>,
     /// A follower campaigns after its leader lease (`election_timeout_max`) plus a random
     /// timeout in `election_timeout_min..election_timeout_max` without hearing from its
-    /// leader. Defaults: 150 ms and 300 ms.
+    /// leader. Defaults: 200 ms and 350 ms.
     #[serde(deserialize_with = "opt_duration")]
     pub election_timeout_min: Option<std::time::Duration>,
     #[serde(deserialize_with = "opt_duration")]
     pub election_timeout_max: Option<std::time::Duration>,
+    /// Carry the small RPCs of many groups to a peer in one request (`ursula_raft::coalesce`).
+    /// Default: on; off sends every RPC on its own (for comparison and debugging).
+    pub rpc_batching: Option<bool>,
     /// `[raft.wal]`.
     pub wal: WalSection,
 }

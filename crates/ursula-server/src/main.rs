@@ -261,6 +261,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         init_membership: cfg.init_membership(),
         cluster_id: cfg.server.cluster_id.clone(),
         timing: cfg.raft.timing(),
+        rpc_batching: cfg.raft.rpc_batching.unwrap_or(true),
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;

@@ -95,6 +95,54 @@ pub fn prometheus(rows: &[GroupRow]) -> String {
     out
 }
 
+/// How this node's Raft RPCs to its peers travelled (`ursula_raft::coalesce`): requests
+/// that carried several frames, the frames they carried, and frames sent on their own.
+fn rpc_counts(node: &ursula_raft::Node) -> [(&'static str, &'static str, u64); 3] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (b, f, s) = node.rpc_batching().map_or((0, 0, 0), |st| {
+        (
+            st.batches.load(Relaxed),
+            st.batched_frames.load(Relaxed),
+            st.single_frames.load(Relaxed),
+        )
+    });
+    [
+        (
+            "batches",
+            "requests to peers that carried several raft rpcs",
+            b,
+        ),
+        ("batched_frames", "raft rpcs those batches carried", f),
+        (
+            "single_frames",
+            "raft rpcs sent in a request of their own",
+            s,
+        ),
+    ]
+}
+
+/// [`rpc_counts`] as Prometheus counters `ursula_raft_rpc_{name}_total`.
+pub fn rpc_prometheus(node: &ursula_raft::Node) -> String {
+    let mut out = String::new();
+    for (name, help, v) in rpc_counts(node) {
+        let name = format!("ursula_raft_rpc_{name}_total");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+        );
+    }
+    out
+}
+
+/// [`rpc_counts`] as the JSON metrics' `raft_rpc` object.
+pub fn rpc_json(node: &ursula_raft::Node) -> serde_json::Value {
+    rpc_counts(node)
+        .into_iter()
+        .map(|(name, _, v)| (name.to_owned(), serde_json::Value::from(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 /// Node replacement (cluster.md §5.3): `{"awaiting_permission": [groups],
 /// "rehydrating": [groups], "rehydrating_until": {group: index}}`; what `ursulactl
 /// allow-rejoin` reads.

@@ -99,6 +99,12 @@ impl Node {
         self.peers.keys().any(|&id| id != self.node_id)
     }
 
+    /// How the RPCs to peers travelled: batches and single frames (`coalesce.rs`). `None`
+    /// without peers.
+    pub fn rpc_batching(&self) -> Option<&crate::CoalesceStats> {
+        self.transport.as_deref().map(|t| t.stats())
+    }
+
     /// The voters (this node included): id -> peer URL. Empty without peers.
     pub fn peers(&self) -> &BTreeMap<u64, String> {
         &self.peers

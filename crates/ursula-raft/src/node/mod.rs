@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use ursula_core::{Command, GroupState, Response};
 use ursula_storage::{Lsn, Wal, WalOptions};
 
+use crate::coalesce::Coalescer;
 use crate::error::{ProposeError, RaftError};
 use crate::identity::{self, Identity};
 use crate::listener::ApplyListener;
@@ -95,6 +96,8 @@ pub struct NodeConfig {
     pub cluster_id: Option<String>,
     /// Election and heartbeat timing.
     pub timing: RaftTiming,
+    /// Send the small RPCs of many groups to a peer in batches (`coalesce.rs`). Default: on.
+    pub rpc_batching: bool,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -112,6 +115,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("init_membership", &self.init_membership)
             .field("cluster_id", &self.cluster_id)
             .field("timing", &self.timing)
+            .field("rpc_batching", &self.rpc_batching)
             .finish()
     }
 }
@@ -132,6 +136,7 @@ impl NodeConfig {
             init_membership: false,
             cluster_id: None,
             timing: RaftTiming::default(),
+            rpc_batching: true,
         }
     }
 }
@@ -161,8 +166,9 @@ pub struct Node {
     node_id: u64,
     /// Voters other than this node's own entry included (id -> URL); empty without peers.
     peers: BTreeMap<u64, String>,
-    /// Carries RPCs to peers (cross-group proposals; openraft has its own clones).
-    transport: Option<Arc<dyn Transport>>,
+    /// Carries RPCs to peers, small ones in batches (cross-group proposals; openraft's
+    /// networks hold clones).
+    transport: Option<Arc<Coalescer>>,
     groups: Vec<Group>,
     wal: Wal,
     closing: AtomicBool,
@@ -211,25 +217,33 @@ impl Node {
             .map_err(|e| RaftError::Internal(format!("recovery task failed: {e}")))??;
         let wal = rec.wal.clone();
         let rejoin = Arc::clone(&rec.rejoin);
+        let transport = cfg.transport.clone().map(|t| {
+            // Without batching, no peer gets a queue: every frame goes straight through.
+            let peers = cfg.peers.keys().copied().filter(|&p| p != cfg.node_id);
+            let peers = peers.filter(|_| cfg.rpc_batching);
+            let heartbeat = Duration::from_millis(cfg.timing.heartbeat_ms);
+            Arc::new(Coalescer::new(t, peers, heartbeat))
+        });
         let mut started_groups = Vec::with_capacity(cfg.group_count as usize);
-        let (purged, head) = match start_groups(&cfg, rec, &mut started_groups).await {
-            Ok(r) => r,
-            Err(e) => {
-                for (raft, _) in &started_groups {
-                    let _ = raft.shutdown().await;
+        let (purged, head) =
+            match start_groups(&cfg, rec, transport.clone(), &mut started_groups).await {
+                Ok(r) => r,
+                Err(e) => {
+                    for (raft, _) in &started_groups {
+                        let _ = raft.shutdown().await;
+                    }
+                    let stores: Vec<_> = started_groups
+                        .iter()
+                        .map(|(_, p)| Arc::clone(&p.snapshots))
+                        .collect();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        stores.iter().for_each(|s| s.close());
+                        wal.close();
+                    })
+                    .await;
+                    return Err(e);
                 }
-                let stores: Vec<_> = started_groups
-                    .iter()
-                    .map(|(_, p)| Arc::clone(&p.snapshots))
-                    .collect();
-                let _ = tokio::task::spawn_blocking(move || {
-                    stores.iter().for_each(|s| s.close());
-                    wal.close();
-                })
-                .await;
-                return Err(e);
-            }
-        };
+            };
 
         let (stop, _) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -273,7 +287,7 @@ impl Node {
         let node = Node {
             node_id: cfg.node_id,
             peers: cfg.peers.clone(),
-            transport: cfg.transport.clone(),
+            transport,
             groups,
             wal,
             closing: AtomicBool::new(false),

@@ -172,6 +172,7 @@ pub(super) struct GroupParts {
 pub(super) async fn start_groups(
     cfg: &NodeConfig,
     rec: Recovered,
+    transport: Option<Arc<Coalescer>>,
     out: &mut Vec<(Raft, GroupParts)>,
 ) -> Result<(Arc<Notify>, Arc<AtomicU64>), RaftError> {
     let head = Arc::new(AtomicU64::new(rec.head));
@@ -214,7 +215,7 @@ pub(super) async fn start_groups(
             config,
             Network::new(
                 group,
-                cfg.transport.clone(),
+                transport.clone(),
                 Duration::from_millis(2 * cfg.timing.heartbeat_ms),
             ),
             LogStore::new(Arc::clone(&log)),

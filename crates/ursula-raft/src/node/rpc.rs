@@ -2,6 +2,10 @@
 
 use super::*;
 
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, Stream, StreamExt};
+
+use crate::batch_wire;
 use crate::network::TransportError;
 use crate::wire::{
     self, AppendResult, ElectResult, ProposeResult, Request, SnapshotResult, VoteResult,
@@ -38,6 +42,25 @@ impl Node {
             ),
             Request::Elect => wire::encode_response::<ElectResult>(&self.campaign(group).await),
         })
+    }
+
+    /// Handles a batch of frames from a peer (`batch_wire.rs`), all at once. The stream
+    /// yields the answer stream's bytes: its header, then each frame's answer as soon as that
+    /// frame is handled, so no frame waits for a slower one of another group.
+    pub fn handle_batch(
+        self: Arc<Self>,
+        batch: Bytes,
+    ) -> Result<impl Stream<Item = Vec<u8>> + Send + 'static, String> {
+        let frames = batch_wire::decode_batch(batch)?;
+        let calls: FuturesUnordered<_> = frames
+            .into_iter()
+            .enumerate()
+            .map(|(i, frame)| {
+                let node = Arc::clone(&self);
+                async move { batch_wire::encode_answer(i as u32, &node.handle_rpc(&frame).await) }
+            })
+            .collect();
+        Ok(futures::stream::once(async { batch_wire::answers_header() }).chain(calls))
     }
 
     /// [`Node::propose`], and where another node leads `group`, the same command proposed by

@@ -47,8 +47,8 @@ Stream-Snapshot-Match, Stream-Snapshot-Parts, Stream-Snapshot-Digest, If-None-Ma
 /// Answers one request of the client plane. It carries the Raft RPCs too, unless
 /// `server.cluster_listen` gives them a listener of their own ([`handle_cluster`]).
 pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
-    if req.uri().path() == crate::cluster::RAFT_PATH && app.cfg.server.cluster_listen.is_none() {
-        return crate::cluster::serve_rpc(&app, req).await;
+    if app.cfg.server.cluster_listen.is_none() && crate::cluster::is_raft_path(req.uri().path()) {
+        return crate::cluster::serve_raft(&app, req).await;
     }
     serve(app, req).await
 }
@@ -56,8 +56,8 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
 /// Answers one request on `server.cluster_listen`: the Raft RPCs, and every client route (a
 /// peer URL is also where clients are redirected to).
 pub async fn handle_cluster(app: Arc<App>, req: Request<Body>) -> Resp {
-    if req.uri().path() == crate::cluster::RAFT_PATH {
-        return crate::cluster::serve_rpc(&app, req).await;
+    if crate::cluster::is_raft_path(req.uri().path()) {
+        return crate::cluster::serve_raft(&app, req).await;
     }
     serve(app, req).await
 }

@@ -21,12 +21,14 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             j["raft_groups"] = raft_metrics::spec_json(&rows);
             j["raft_group_metrics"] = raft_metrics::json(&rows);
             j["rejoin"] = raft_metrics::rejoin_json(&app.node);
+            j["raft_rpc"] = raft_metrics::rpc_json(&app.node);
             (StatusCode::OK, j.to_string(), "application/json")
         }
         ["metrics", "prometheus"] => (
             StatusCode::OK,
             app.metrics.prometheus(&extra_metrics(app))
-                + &raft_metrics::prometheus(&raft_metrics::rows(app)),
+                + &raft_metrics::prometheus(&raft_metrics::rows(app))
+                + &raft_metrics::rpc_prometheus(&app.node),
             "text/plain; version=0.0.4",
         ),
         ["health"] => (

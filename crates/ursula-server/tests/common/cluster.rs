@@ -60,6 +60,8 @@ pub struct ClusterSpec {
     pub args: Vec<String>,
     /// Give every node a `--cluster-listen` port of its own; the peer URLs point at it.
     pub cluster_listen: bool,
+    /// Extra lines for the `[raft]` section, e.g. `rpc_batching = false`.
+    pub raft_toml: String,
 }
 
 impl ClusterSpec {
@@ -73,14 +75,15 @@ impl ClusterSpec {
             top_toml: String::new(),
             args: Vec::new(),
             cluster_listen: false,
+            raft_toml: String::new(),
         }
     }
 
     fn toml(&self, root: &Path, ports: &[u16]) -> String {
         let mut t = format!(
             "fsync = false\ngroup_count = {}\n{}\n[server]\ncluster_id = \"it\"\n\
-             [raft]\ninit_membership_per_group = true\n[storage.cold]\n",
-            self.group_count, self.top_toml
+             [raft]\ninit_membership_per_group = true\n{}\n[storage.cold]\n",
+            self.group_count, self.top_toml, self.raft_toml
         );
         match &self.cold {
             ColdStore::Local => {
