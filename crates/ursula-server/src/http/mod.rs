@@ -50,6 +50,9 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
     if req.uri().path() == crate::cluster::RAFT_PATH && app.cfg.server.cluster_listen.is_none() {
         return crate::cluster::serve_rpc(&app, req).await;
     }
+    if req.uri().path() == crate::probe::PATH && app.cfg.server.cluster_listen.is_none() {
+        return crate::probe::serve(req).await;
+    }
     serve(app, req).await
 }
 
@@ -58,6 +61,9 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
 pub async fn handle_cluster(app: Arc<App>, req: Request<Body>) -> Resp {
     if req.uri().path() == crate::cluster::RAFT_PATH {
         return crate::cluster::serve_rpc(&app, req).await;
+    }
+    if req.uri().path() == crate::probe::PATH {
+        return crate::probe::serve(req).await;
     }
     serve(app, req).await
 }
