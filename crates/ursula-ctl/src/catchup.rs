@@ -112,7 +112,7 @@ impl Progress {
 /// `wait --node N`: until node N is a voter of every group and within `tolerance` entries
 /// of each leader. Exit 2 when it makes no progress for `stall_secs`, or after `max_secs`
 /// whatever it does.
-pub async fn wait(
+pub(crate) async fn wait(
     ctx: &Ctx,
     node: u64,
     tolerance: u64,
@@ -177,7 +177,7 @@ pub fn cluster_problems(s: &Sample, manifest_ids: &[u64], tolerance: u64) -> Vec
 
 /// `verify-cluster`: two consecutive samples in which every configured voter is present and
 /// caught up; exit 2 if that does not happen within `timeout_secs`.
-pub async fn verify_cluster(
+pub(crate) async fn verify_cluster(
     ctx: &Ctx,
     tolerance: u64,
     timeout_secs: u64,

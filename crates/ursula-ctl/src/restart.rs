@@ -38,7 +38,7 @@ pub fn agreed_backend(s: &Sample) -> Result<String, String> {
 }
 
 /// `prepare-restart --node N`.
-pub async fn prepare_restart(ctx: &Ctx, node: u64, out: &mut Out) -> Result<(), CtlError> {
+pub(crate) async fn prepare_restart(ctx: &Ctx, node: u64, out: &mut Out) -> Result<(), CtlError> {
     ctx.manifest.node(node)?;
     let s = Sample::take(&ctx.client, &ctx.manifest).await;
     let backend = agreed_backend(&s).map_err(|e| CtlError::safety(format!("{e}; refusing")))?;
