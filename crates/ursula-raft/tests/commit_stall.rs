@@ -6,10 +6,12 @@
 //! openraft 0.9 heartbeats travel the same replication stream and queue behind the stuck
 //! append, so the followers' leases run out and they elect a new leader by themselves
 //! within about a second (`openraft_steps_down_by_itself_when_appends_vanish` pins that
-//! down). So the watchdog's decision is unit-tested (`node/stall.rs`), and here its two
-//! halves are tested on a live cluster: the sampler reports no stall on a busy, healthy
-//! group, and the stalled-group hand-over moves a leadership that has an uncommitted tail
-//! without acknowledging that tail.
+//! down). What does produce it is a leader whose large appends reach the followers while
+//! their answers are lost (an asymmetric path): the followers keep hearing from it, the
+//! entry never commits, and the leader stays leader; there the watchdog, run as governance
+//! runs it, sees the stall and hands the group away. Besides: the sampler reports no stall
+//! on a busy, healthy group, and the stalled-group hand-over moves a leadership whose
+//! uncommitted tail the followers never got without acknowledging that tail.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
@@ -22,9 +24,11 @@ use std::time::{Duration, Instant};
 use sim::*;
 use ursula_raft::{RpcFuture, StallWatch, Transport, TransportError};
 
-/// Frames larger than [`CAP`] from the node in `from` are dropped (0: none is).
+/// Frames larger than [`CAP`] from the node in `from` are dropped (0: none is); with
+/// `deliver`, they reach the peer but its answer is lost.
 struct BlackHole {
     from: AtomicU64,
+    deliver: AtomicBool,
 }
 
 const CAP: usize = 16 << 10;
@@ -38,6 +42,12 @@ struct Capped {
 impl Transport for Capped {
     fn send(&self, target: u64, frame: Vec<u8>, timeout: Duration) -> RpcFuture<'_> {
         if self.hole.from.load(Ordering::SeqCst) == self.me && frame.len() > CAP {
+            if self.hole.deliver.load(Ordering::SeqCst) {
+                return Box::pin(async move {
+                    let _ = self.inner.send(target, frame, timeout).await;
+                    Err(TransportError::Failed(target, "answer lost".into()))
+                });
+            }
             return Box::pin(async move {
                 tokio::time::sleep(timeout.min(Duration::from_millis(50))).await;
                 Err(TransportError::Failed(target, "dropped (too large)".into()))
@@ -50,6 +60,7 @@ impl Transport for Capped {
 async fn capped_cluster() -> (Arc<Cluster>, Arc<BlackHole>) {
     let hole = Arc::new(BlackHole {
         from: AtomicU64::new(0),
+        deliver: AtomicBool::new(false),
     });
     let h = Arc::clone(&hole);
     let wrap: WrapTransport = Arc::new(move |me, inner| {
@@ -148,6 +159,76 @@ async fn the_stalled_group_hand_over_moves_leadership_and_acknowledges_nothing_u
     assert!(ok(&c.propose(&all, 0, append(&key, 2), T).await.unwrap()));
     let mut want = record(1);
     want.extend(record(2));
+    c.converged(&all, &key, &want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_acknowledgements_vanish_is_handed_away_by_the_watchdog() {
+    let (c, hole) = capped_cluster().await;
+    let all = c.ids();
+    let key = key_in_group(0, 1, 0);
+    assert!(ok(&c.propose(&all, 0, create(&key), T).await.unwrap()));
+    assert!(ok(&c.propose(&all, 0, append(&key, 1), T).await.unwrap()));
+    let old = c.leader(0, &all).await;
+    let node = Arc::clone(&c.nodes[&old]);
+
+    // The followers get the leader's large appends (and so keep hearing from it), but
+    // their answers never come back: the entry cannot commit, and nobody else campaigns.
+    hole.deliver.store(true, Ordering::SeqCst);
+    hole.from.store(old, Ordering::SeqCst);
+    let big = Arc::clone(&node);
+    let k = key.clone();
+    let stuck =
+        tokio::spawn(async move { big.propose(0, append_bytes(&k, noise(64 << 10))).await });
+
+    // The watchdog as governance runs it, with a short threshold.
+    let threshold = Duration::from_millis(1500);
+    let mut watch = StallWatch::default();
+    let started = Instant::now();
+    let stalled = loop {
+        if let Some(&s) = node.commit_stalls(&mut watch, threshold).await.first() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no stall seen; node {old} leads: {}",
+            node.leads(0)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(stalled.0, 0);
+    assert!(stalled.1 > threshold);
+    assert!(node.leads(0), "node {old} stopped leading on its own");
+
+    let new = node
+        .hand_over_stalled(0, Duration::from_secs(10))
+        .await
+        .expect("hand-over of the stalled group");
+    assert_ne!(new, old);
+    assert_ne!(c.agreed_leader(0, &all).await, old);
+    hole.from.store(0, Ordering::SeqCst);
+    // The followers hold the entry, so the new leader commits it; the old leader's answer
+    // is then a success (the write is durable) or an error (it stopped leading first): in
+    // no case a success for a write the group does not hold.
+    let answer = tokio::time::timeout(T, stuck)
+        .await
+        .expect("stuck append answered")
+        .unwrap();
+    let acked = matches!(&answer, Ok(r) if ok(r));
+    // The group commits again, everywhere.
+    assert!(ok(&c.propose(&all, 0, append(&key, 2), T).await.unwrap()));
+    let mut want = record(1);
+    if acked {
+        want.extend(noise(64 << 10));
+    }
+    want.extend(record(2));
+    let got = c.bytes(new, &key).unwrap();
+    if !acked && got.len() > want.len() {
+        // Not acknowledged, but committed anyway (an answer lost, not a write).
+        want = got.clone();
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "node {new} holds other bytes");
     c.converged(&all, &key, &want).await;
 }
 
