@@ -97,6 +97,8 @@ fn probes_measure_every_peer_and_trip_the_egress_gate() {
     assert!(probe_of(&c.nodes[0], 3).unwrap()["last_error"].is_string());
     let m = json(&c.nodes[0], "/__ursula/metrics").unwrap();
     assert_eq!(m["cluster_probe"]["egress_unhealthy"], false);
+    // The commit-stall watchdog runs too, and has had nothing to do.
+    assert_eq!(m["commit_stall_transfers_total"], 0);
     assert_eq!(shed_state(&c.nodes[0]).as_deref(), Some("normal"));
     let prom = c.nodes[0].prometheus().unwrap();
     assert!(
@@ -123,6 +125,8 @@ fn probes_measure_every_peer_and_trip_the_egress_gate() {
     assert_eq!(shed["should_campaign"], false);
     assert_eq!(shed["should_accept_transfer"], false);
     assert_eq!(c.nodes[0].metric("cluster_egress_unhealthy"), 1);
+    assert_eq!(c.nodes[0].metric("leadership_shed_bits"), 16);
+    assert_eq!(shed["bits"], 16);
     let prom = c.nodes[0].prometheus().unwrap();
     assert!(prom.contains("ursula_cluster_egress_unhealthy 1"), "{prom}");
 
