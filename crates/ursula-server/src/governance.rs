@@ -1,7 +1,7 @@
-//! Leadership governance of a clustered node (cluster.md §5.4): the leadership balancer,
-//! shedding leaderships while the cold store is unhealthy, the commit-stall watchdog, and
-//! handing leaderships over before a graceful shutdown. The cluster-plane egress probes live
-//! in `probe.rs`.
+//! Leadership governance of a clustered node (cluster.md §5.4): the leadership balancer
+//! (which also hands leaderships away on every tick while a shed bit is set), the
+//! commit-stall watchdog, and handing leaderships over before a graceful shutdown. The
+//! health gates that set shed bits live in `cold_health.rs` and `probe.rs`.
 //!
 //! Every node moves only its own leaderships, toward the node that leads fewest groups by
 //! this node's view of the metrics, one hand-over at a time (`ursula_raft::Node::transfer_leader`).
@@ -30,6 +30,7 @@ pub struct GovernanceConfig {
     pub leadership_balance: BalanceConfig,
     pub commit_stall: CommitStallConfig,
     pub cluster_probe: crate::probe::ClusterProbeConfig,
+    pub cold_health: crate::cold_health::ColdHealthConfig,
 }
 
 /// `[governance.commit_stall]`.
@@ -60,6 +61,7 @@ impl Default for CommitStallConfig {
 pub struct State {
     commit_stall_transfers: AtomicU64,
     pub probes: crate::probe::ProbeState,
+    pub cold: crate::cold_health::ColdGate,
 }
 
 impl State {
@@ -150,15 +152,16 @@ pub fn spawn(app: &Arc<App>, cfg: &GovernanceConfig) -> anyhow::Result<()> {
         return Ok(());
     }
     crate::probe::spawn(app, &cfg.cluster_probe)?;
+    crate::cold_health::spawn(app, &cfg.cold_health);
     spawn_commit_stall(app, &cfg.commit_stall);
     let interval = cfg.leadership_balance.interval;
     if interval.is_zero() {
         return Ok(());
     }
     let max = cfg.leadership_balance.max_per_tick as usize;
-    app.spawn_every(interval, move |app| {
+    app.spawn_every(interval, move |_app| {
         let node = Arc::clone(&node);
-        async move { tick(&app, &node, max).await }
+        async move { tick(&node, max).await }
     });
     Ok(())
 }
@@ -202,13 +205,10 @@ fn spawn_commit_stall(app: &Arc<App>, cfg: &CommitStallConfig) {
     });
 }
 
-async fn tick(app: &App, node: &Arc<Node>, max: usize) {
-    let cold_unhealthy = app.tiering.as_ref().and_then(|t| t.health.reason());
-    let was = node.shed_state();
-    let st = node.set_shed(shed::COLD_STORE, cold_unhealthy.is_some());
-    if st.bits != was.bits {
-        tracing::warn!(state = st.state(), reason = ?cold_unhealthy, "leadership shed state changed");
-    }
+async fn tick(node: &Arc<Node>, max: usize) {
+    // The health gates set their shed bits themselves (cold_health.rs, probe.rs); while any
+    // bit is set, every tick hands away what this node still leads.
+    let st = node.shed_state();
     if st.should_shed_current_leaders() {
         let left = node.shed_leaderships(BALANCE_TRANSFER_TIMEOUT).await;
         if !left.is_empty() {

@@ -3,6 +3,7 @@
 mod app;
 mod cluster;
 mod cold;
+mod cold_health;
 mod cold_read;
 mod config;
 mod external;

@@ -4,7 +4,9 @@
 //! leaderships back.
 //!
 //! How cold health is measured: a probe `head`s `_ursula/probe` in the store every 10 s
-//! (`cold::spawn_probe`), and failed flushes or reads count until an operation succeeds.
+//! (`cold::spawn_probe`), and failed flushes or reads count until an operation succeeds;
+//! the gate (`[governance.cold_health]`, here every 500 ms) trips after 3 bad ticks and
+//! heals after 5 good ones.
 //! This test breaks the probe: node 1 gets a cold directory of its own (no data is written,
 //! so nothing is flushed there or missing from it), and a regular file at
 //! `_ursula` in it makes the probe's `head` fail with "not a directory"; removing the file
@@ -42,7 +44,9 @@ fn shed_state(n: &Node) -> Option<String> {
 fn an_unhealthy_cold_store_sheds_leaderships_until_it_heals() {
     let mut spec = ClusterSpec::new(3);
     spec.group_count = 4;
-    spec.top_toml = "[governance.leadership_balance]\ninterval = \"1s\"\n".into();
+    spec.top_toml = "[governance.leadership_balance]\ninterval = \"1s\"\n\
+                     [governance.cold_health]\ninterval = \"500ms\"\n"
+        .into();
     let mut c = Cluster::start(spec);
     c.wait_ready();
 
@@ -97,6 +101,8 @@ fn an_unhealthy_cold_store_sheds_leaderships_until_it_heals() {
     assert!(r.text().contains("cold store unhealthy"), "{}", r.text());
     let st = json(&c.nodes[0], "/__ursula/leadership-shed").unwrap();
     assert_eq!(st["should_accept_transfer"], false);
+    assert_eq!(st["bits"], 8);
+    assert_eq!(c.nodes[0].metric("cold_health_gate_unhealthy"), 1);
     // It keeps campaigning (its peers share the store in production), and the others lead
     // every group.
     assert_eq!(st["should_campaign"], true);

@@ -63,6 +63,9 @@ pub fn not_ready_reasons(app: &App) -> Vec<String> {
     if let Some(r) = app.governance.probes.reason() {
         reasons.push(r);
     }
+    if let Some(r) = app.governance.cold.reason() {
+        reasons.push(r);
+    }
     if *app.shutdown.borrow() {
         reasons.push("shutting down".to_owned());
     }
@@ -135,6 +138,16 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
             "ursula_commit_stall_transfers_total",
             "counter",
             app.governance.commit_stall_transfers(),
+        ),
+        (
+            "ursula_cold_health_gate_unhealthy",
+            "gauge",
+            u64::from(app.governance.cold.unhealthy()),
+        ),
+        (
+            "ursula_cold_hot_backlog",
+            "gauge",
+            u64::from(app.governance.cold.backlog()),
         ),
         (
             "ursula_cluster_egress_unhealthy",
