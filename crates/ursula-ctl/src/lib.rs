@@ -12,10 +12,12 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+pub mod catchup;
 pub mod client;
 mod leadership;
 pub mod manifest;
 mod rejoin;
+pub mod restart;
 mod status;
 pub mod view;
 
@@ -92,6 +94,34 @@ pub enum Verb {
     AllowRejoin {
         #[arg(long)]
         node: u64,
+    },
+    /// Before the platform restarts a (drained) node: a disk WAL needs nothing, a memory WAL
+    /// gets one empty-log rejoin armed per group. Exit 2 if the nodes do not all answer with
+    /// the same `wal_backend`.
+    PrepareRestart {
+        #[arg(long)]
+        node: u64,
+    },
+    /// Wait until a node is a voter of every group and within `--lag-tolerance` entries of
+    /// each leader. Exit 2 if it makes no progress for `--stall-timeout-secs`, or after
+    /// `--max-wait-secs` in any case.
+    Wait {
+        #[arg(long)]
+        node: u64,
+        #[arg(long, default_value_t = 16)]
+        lag_tolerance: u64,
+        #[arg(long, default_value_t = 90)]
+        stall_timeout_secs: u64,
+        #[arg(long, default_value_t = 1800)]
+        max_wait_secs: u64,
+    },
+    /// Check that every node of the manifest is a voter of every group and caught up, in two
+    /// consecutive samples (retried for up to `--timeout-secs`; exit 2 otherwise).
+    VerifyCluster {
+        #[arg(long, default_value_t = 16)]
+        lag_tolerance: u64,
+        #[arg(long, default_value_t = 30)]
+        timeout_secs: u64,
     },
 }
 
@@ -197,6 +227,27 @@ pub async fn run(cli: Cli, out: &mut Out) -> Result<(), CtlError> {
             rejoin::allow_next_revert(&ctx, group, node, out).await
         }
         Verb::AllowRejoin { node } => rejoin::allow_rejoin(&ctx, node, out).await,
+        Verb::PrepareRestart { node } => restart::prepare_restart(&ctx, node, out).await,
+        Verb::Wait {
+            node,
+            lag_tolerance,
+            stall_timeout_secs,
+            max_wait_secs,
+        } => {
+            catchup::wait(
+                &ctx,
+                node,
+                lag_tolerance,
+                stall_timeout_secs,
+                max_wait_secs,
+                out,
+            )
+            .await
+        }
+        Verb::VerifyCluster {
+            lag_tolerance,
+            timeout_secs,
+        } => catchup::verify_cluster(&ctx, lag_tolerance, timeout_secs, out).await,
     }
 }
 

@@ -10,7 +10,12 @@ fn path(group: u32, node: u64) -> String {
 }
 
 /// One group: asks its leader; `Ok(false)` if `node` itself leads it (nothing to allow).
-async fn allow_one(ctx: &Ctx, group: u32, node: u64, out: &mut Out) -> Result<bool, CtlError> {
+pub(crate) async fn allow_one(
+    ctx: &Ctx,
+    group: u32,
+    node: u64,
+    out: &mut Out,
+) -> Result<bool, CtlError> {
     let r = call_leader(ctx, group, |_| path(group, node), |l| l == node).await?;
     let Some((leader, a)) = r else {
         out.line(format!(

@@ -13,6 +13,9 @@ pub struct GroupView {
     pub leader: Option<u64>,
     pub term: u64,
     pub voters: Vec<u64>,
+    /// The last log index (`None`: empty log or not reported).
+    pub last_log_index: Option<u64>,
+    pub committed_index: Option<u64>,
 }
 
 /// One node's metrics, the fields the CLI uses.
@@ -48,6 +51,8 @@ impl NodeMetrics {
                 leader: g["current_leader"].as_u64().filter(|&l| l != 0),
                 term: g["current_term"].as_u64().unwrap_or(0),
                 voters: ids(&g["voter_ids"]),
+                last_log_index: g["last_log_index"].as_u64(),
+                committed_index: g["committed_index"].as_u64(),
             });
         }
         if let Some(n) = j["raft_node_id"].as_u64() {
@@ -151,6 +156,14 @@ impl Sample {
             }
         }
         votes.into_iter().max_by_key(|(_, c)| *c).map(|(l, _)| l)
+    }
+
+    /// The view of `group` from the node that leads it (see [`Sample::leader_of`]), if that
+    /// node answered.
+    pub fn leader_view(&self, group: u32) -> Option<(u64, &GroupView)> {
+        let l = self.leader_of(group)?;
+        let g = self.of(l)?.groups.iter().find(|g| g.id == group)?;
+        Some((l, g))
     }
 
     /// Every group id any node reports, ascending.

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
@@ -28,6 +28,10 @@ struct State {
     allowed: Vec<(u32, u64)>,
     /// Requests seen: "node METHOD path".
     log: Vec<String>,
+    /// Each node's last log index in every group (default 100).
+    logs: BTreeMap<u64, u64>,
+    /// Each node's `wal_backend` (default "disk"; "" reports none).
+    wal: BTreeMap<u64, String>,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -109,6 +113,7 @@ fn route(node: u64, method: &str, path: &str, st: &mut State) -> (u16, serde_jso
                 .map(|(g, &l)| {
                     json!({"raft_group_id": g, "node_id": node, "current_term": 3,
                            "current_leader": if l == 0 { None } else { Some(l) },
+                           "last_log_index": st.logs.get(&node).copied().unwrap_or(100),
                            "voter_ids": st.voters, "learner_ids": []})
                 })
                 .collect();
@@ -118,10 +123,15 @@ fn route(node: u64, method: &str, path: &str, st: &mut State) -> (u16, serde_jso
                 .find(|(n, _)| *n == node)
                 .map(|(_, g)| g.clone())
                 .unwrap_or_default();
+            let wal = match st.wal.get(&node).map(String::as_str) {
+                None => Some("disk"),
+                Some("") => None,
+                Some(w) => Some(w),
+            };
             (
                 200,
                 json!({"raft_node_id": node, "raft_group_count": st.leaders.len(),
-                       "wal_backend": "disk", "raft_groups": groups,
+                       "wal_backend": wal, "raft_groups": groups,
                        "rejoin": {"awaiting_permission": awaiting, "rehydrating": []}}),
             )
         }
@@ -387,4 +397,119 @@ fn bad_input_is_one_greppable_line_and_exit_1() {
         &String::from_utf8_lossy(&out.stderr),
         "unsupported extension",
     );
+}
+
+#[test]
+fn wait_follows_a_catching_up_node_and_aborts_a_stalled_one() {
+    let s = Stub::start(3, vec![1, 2, 1]);
+    s.state.lock().unwrap().logs.insert(3, 50);
+    // It stays 50 entries behind: no progress, exit 2 once the stall timeout passes.
+    let (code, _, err) = s.ctl(&["wait", "--node", "3", "--stall-timeout-secs", "1"]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "node 3 made no catch-up progress for 1 s");
+    assert!(err.contains("50 entries behind node 1 in group 0"), "{err}");
+    // The backstop ends even a node that keeps moving.
+    let st = Arc::clone(&s.state);
+    let mover = std::thread::spawn(move || {
+        for _ in 0..30 {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut st = st.lock().unwrap();
+            let l = st.logs.get(&3).copied().unwrap_or(0);
+            st.logs.insert(3, (l + 1).min(60));
+        }
+    });
+    let (code, _, err) = s.ctl(&["wait", "--node", "3", "--max-wait-secs", "1"]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "not caught up after 1 s (backstop)");
+    mover.join().unwrap();
+    // Catching up, 10 entries per 100 ms: done once within the tolerance (16).
+    let st = Arc::clone(&s.state);
+    let mover = std::thread::spawn(move || {
+        for _ in 0..100 {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut st = st.lock().unwrap();
+            let l = st.logs[&3];
+            if l >= 100 {
+                return;
+            }
+            st.logs.insert(3, l + 10);
+        }
+    });
+    let (code, out, err) = s.ctl(&["wait", "--node", "3", "--stall-timeout-secs", "5"]);
+    mover.join().unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("node 3 caught up: a voter of all 3 groups"),
+        "{out}"
+    );
+    let (code, _, err) = s.ctl(&["wait", "--node", "7"]);
+    assert_eq!(code, 1);
+    one_error_line(&err, "node 7 is not in the manifest");
+}
+
+#[test]
+fn verify_cluster_needs_every_voter_present_and_caught_up() {
+    let s = Stub::start(3, vec![1, 2, 3]);
+    let (code, out, err) = s.ctl(&["verify-cluster"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("all 3 voters present"), "{out}");
+    assert!(out.contains("two consecutive samples"), "{out}");
+    s.state.lock().unwrap().logs.insert(2, 10);
+    let (code, _, err) = s.ctl(&["verify-cluster", "--timeout-secs", "1"]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "node 2 is 90 entries behind");
+    // Within a wider tolerance it passes.
+    let (code, _, err) = s.ctl(&["verify-cluster", "--lag-tolerance", "100"]);
+    assert_eq!(code, 0, "{err}");
+    s.state.lock().unwrap().down.insert(3);
+    let (code, _, err) = s.ctl(&[
+        "verify-cluster",
+        "--timeout-secs",
+        "1",
+        "--lag-tolerance",
+        "100",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "node 3 did not answer");
+}
+
+#[test]
+fn prepare_restart_checks_the_wal_backend_and_fails_closed() {
+    let s = Stub::start(3, vec![1, 2, 3]);
+    let (code, out, err) = s.ctl(&["prepare-restart", "--node", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("every node reports wal_backend = \"disk\""),
+        "{out}"
+    );
+    assert!(out.contains("nothing to prepare"), "{out}");
+    assert!(out.contains("node 3 still leads groups [2]"), "{out}");
+    assert!(s.state.lock().unwrap().allowed.is_empty());
+    // Disagreeing, silent or unreachable nodes: exit 2, nothing done.
+    s.state.lock().unwrap().wal.insert(2, "memory".into());
+    let (code, _, err) = s.ctl(&["prepare-restart", "--node", "3"]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "disagree on wal_backend");
+    s.state.lock().unwrap().wal.insert(2, String::new());
+    let (code, _, err) = s.ctl(&["prepare-restart", "--node", "3"]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "node 2 reports no wal_backend");
+    s.state.lock().unwrap().wal.clear();
+    s.state.lock().unwrap().down.insert(1);
+    let (code, _, err) = s.ctl(&["prepare-restart", "--node", "3"]);
+    assert_eq!(code, 2, "{err}");
+    one_error_line(&err, "node 1 did not answer");
+    assert!(s.state.lock().unwrap().allowed.is_empty());
+    // A memory-WAL cluster: every group's leader arms one rejoin (not node 3's own group).
+    s.state.lock().unwrap().down.clear();
+    for n in 1..=3 {
+        s.state.lock().unwrap().wal.insert(n, "memory".into());
+    }
+    let (code, out, err) = s.ctl(&["prepare-restart", "--node", "3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("armed one empty-log rejoin of node 3 in 2 of 3 groups"),
+        "{out}"
+    );
+    assert_eq!(s.state.lock().unwrap().allowed, vec![(0, 3), (1, 3)]);
 }

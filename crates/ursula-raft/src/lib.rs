@@ -110,7 +110,10 @@ pub use listener::ApplyListener;
 pub use log_store::LogStore;
 pub use metrics::GroupMetrics;
 pub use network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError};
-pub use node::{AllowError, Allowed, Node, NodeConfig, RaftTiming, ShedState, TransferError, shed};
+pub use node::{
+    AllowError, Allowed, Node, NodeConfig, RaftTiming, ShedState, StallClock, StallWatch,
+    TransferError, observe_stall, shed, stalled_for,
+};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 pub use types::{Batch, BatchResponse, TypeConfig};
 pub use ursula_storage::WalOptions;

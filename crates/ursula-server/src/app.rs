@@ -26,6 +26,8 @@ pub struct App {
     pub parts: crate::parts::Registry,
     /// Request body bytes held by requests in flight (`http_inflight_body_size`).
     pub body_budget: crate::http::budget::BodyBudget,
+    /// What the health gates measured (cluster.md §5.4).
+    pub governance: crate::governance::State,
 }
 
 impl App {
@@ -49,6 +51,7 @@ impl App {
             tiering,
             parts: Default::default(),
             body_budget,
+            governance: Default::default(),
         })
     }
 

@@ -1,6 +1,7 @@
-//! Leadership governance of a clustered node (cluster.md §5.4): the leadership balancer,
-//! shedding leaderships while the cold store is unhealthy, and handing them over before a
-//! graceful shutdown.
+//! Leadership governance of a clustered node (cluster.md §5.4): the leadership balancer
+//! (which also hands leaderships away on every tick while a shed bit is set), the
+//! commit-stall watchdog, and handing leaderships over before a graceful shutdown. The
+//! health gates that set shed bits live in `cold_health.rs` and `probe.rs`.
 //!
 //! Every node moves only its own leaderships, toward the node that leads fewest groups by
 //! this node's view of the metrics, one hand-over at a time (`ursula_raft::Node::transfer_leader`).
@@ -9,10 +10,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Deserialize;
-use ursula_raft::{Node, shed};
+use ursula_raft::{Node, StallWatch, shed};
 
 use crate::app::App;
 
@@ -26,6 +28,47 @@ const BALANCE_TRANSFER_TIMEOUT: Duration = Duration::from_secs(3);
 #[serde(default, deny_unknown_fields)]
 pub struct GovernanceConfig {
     pub leadership_balance: BalanceConfig,
+    pub commit_stall: CommitStallConfig,
+    pub cluster_probe: crate::probe::ClusterProbeConfig,
+    pub cold_health: crate::cold_health::ColdHealthConfig,
+}
+
+/// `[governance.commit_stall]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CommitStallConfig {
+    /// How often the watchdog samples the groups this node leads. Default: 2 s. `"0s"` turns
+    /// it off.
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    /// A led group whose log stays ahead of its commit point, with the commit point not
+    /// moving, for longer than this is handed to another voter. Default: 15 s.
+    #[serde(deserialize_with = "duration")]
+    pub threshold: Duration,
+}
+
+impl Default for CommitStallConfig {
+    fn default() -> Self {
+        CommitStallConfig {
+            interval: Duration::from_secs(2),
+            threshold: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What the health gates measured, for metrics and readiness.
+#[derive(Debug, Default)]
+pub struct State {
+    commit_stall_transfers: AtomicU64,
+    pub probes: crate::probe::ProbeState,
+    pub cold: crate::cold_health::ColdGate,
+}
+
+impl State {
+    /// Leaderships the commit-stall watchdog handed away.
+    pub fn commit_stall_transfers(&self) -> u64 {
+        self.commit_stall_transfers.load(Ordering::Relaxed)
+    }
 }
 
 /// `[governance.leadership_balance]`.
@@ -53,7 +96,7 @@ impl Default for BalanceConfig {
     }
 }
 
-fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     ursula_storage::cold::config::parse_duration(&s).map_err(serde::de::Error::custom)
 }
@@ -101,30 +144,71 @@ pub fn balance_moves(
     moves
 }
 
-/// Starts the balancer and cold-health shedding of a clustered node.
-pub fn spawn(app: &Arc<App>, cfg: &GovernanceConfig) {
+/// Starts the balancer, cold-health shedding, the commit-stall watchdog and the egress
+/// probes of a clustered node.
+pub fn spawn(app: &Arc<App>, cfg: &GovernanceConfig) -> anyhow::Result<()> {
     let node = Arc::clone(&app.node);
     if !node.has_peers() {
-        return;
+        return Ok(());
     }
+    crate::probe::spawn(app, &cfg.cluster_probe)?;
+    crate::cold_health::spawn(app, &cfg.cold_health);
+    spawn_commit_stall(app, &cfg.commit_stall);
     let interval = cfg.leadership_balance.interval;
     if interval.is_zero() {
-        return;
+        return Ok(());
     }
     let max = cfg.leadership_balance.max_per_tick as usize;
-    app.spawn_every(interval, move |app| {
+    app.spawn_every(interval, move |_app| {
         let node = Arc::clone(&node);
-        async move { tick(&app, &node, max).await }
+        async move { tick(&node, max).await }
+    });
+    Ok(())
+}
+
+/// How long the watchdog's hand-over of one stalled group may take.
+const STALL_HANDOVER_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn spawn_commit_stall(app: &Arc<App>, cfg: &CommitStallConfig) {
+    if cfg.interval.is_zero() {
+        return;
+    }
+    let threshold = cfg.threshold;
+    let watch = Arc::new(tokio::sync::Mutex::new(StallWatch::default()));
+    app.spawn_every(cfg.interval, move |app| {
+        let watch = Arc::clone(&watch);
+        async move {
+            let mut watch = watch.lock().await;
+            let stalls = app.node.commit_stalls(&mut watch, threshold).await;
+            for (group, stalled) in stalls {
+                tracing::warn!(
+                    group,
+                    stalled_ms = stalled.as_millis() as u64,
+                    threshold_ms = threshold.as_millis() as u64,
+                    "commit stall: handing the group's leadership away"
+                );
+                match app
+                    .node
+                    .hand_over_stalled(group, STALL_HANDOVER_TIMEOUT)
+                    .await
+                {
+                    Ok(to) => {
+                        app.governance
+                            .commit_stall_transfers
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(group, to, "commit stall: leadership handed over");
+                    }
+                    Err(e) => tracing::warn!(group, error = %e, "commit stall: hand-over failed"),
+                }
+            }
+        }
     });
 }
 
-async fn tick(app: &App, node: &Arc<Node>, max: usize) {
-    let cold_unhealthy = app.tiering.as_ref().and_then(|t| t.health.reason());
-    let was = node.shed_state();
-    let st = node.set_shed(shed::COLD_STORE, cold_unhealthy.is_some());
-    if st.bits != was.bits {
-        tracing::warn!(state = st.state(), reason = ?cold_unhealthy, "leadership shed state changed");
-    }
+async fn tick(node: &Arc<Node>, max: usize) {
+    // The health gates set their shed bits themselves (cold_health.rs, probe.rs); while any
+    // bit is set, every tick hands away what this node still leads.
+    let st = node.shed_state();
     if st.should_shed_current_leaders() {
         let left = node.shed_leaderships(BALANCE_TRANSFER_TIMEOUT).await;
         if !left.is_empty() {
@@ -172,6 +256,7 @@ pub async fn hand_over_for_shutdown(node: &Node) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
 
     #[test]
@@ -191,6 +276,35 @@ mod tests {
         // Unknown leaders count for no one.
         let leaders = [Some(1), Some(1), None, None];
         assert_eq!(balance_moves(1, &[1, 2, 3], &leaders, 4), vec![(1, 2)]);
+    }
+
+    #[test]
+    fn health_gate_keys_parse_with_the_spec_defaults() {
+        let d: GovernanceConfig = toml::from_str("").unwrap();
+        assert_eq!(d.commit_stall.interval, Duration::from_secs(2));
+        assert_eq!(d.commit_stall.threshold, Duration::from_secs(15));
+        let p = &d.cluster_probe;
+        assert_eq!(p.interval, Duration::from_millis(500));
+        assert_eq!(p.probe_size, 64 << 10);
+        assert_eq!(p.timeout, Duration::from_millis(200));
+        assert_eq!((p.unhealthy_ticks, p.heal_ticks), (2, 6));
+        let c: GovernanceConfig = toml::from_str(
+            "[commit_stall]\ninterval = \"1s\"\nthreshold = \"30s\"\n\
+             [cluster_probe]\ninterval = \"0s\"\nprobe_size = \"4KiB\"\nheal_ticks = 9\n",
+        )
+        .unwrap();
+        assert_eq!(c.commit_stall.threshold, Duration::from_secs(30));
+        assert!(c.cluster_probe.interval.is_zero());
+        assert_eq!(c.cluster_probe.probe_size, 4096);
+        assert_eq!(c.cluster_probe.heal_ticks, 9);
+        for bad in [
+            "[cluster_probe]\nprobe_size = \"2MiB\"\n",
+            "[cluster_probe]\nprobe_size = \"0B\"\n",
+            "[commit_stall]\nthreshold = \"soon\"\n",
+            "[commit_stall]\nbogus = 1\n",
+        ] {
+            assert!(toml::from_str::<GovernanceConfig>(bad).is_err(), "{bad}");
+        }
     }
 
     proptest::proptest! {

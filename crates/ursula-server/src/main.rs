@@ -3,6 +3,7 @@
 mod app;
 mod cluster;
 mod cold;
+mod cold_health;
 mod cold_read;
 mod config;
 mod external;
@@ -11,6 +12,7 @@ mod http;
 mod metrics;
 mod parse_errors;
 mod parts;
+mod probe;
 mod raft_metrics;
 mod server;
 mod snapshot_store;
@@ -303,7 +305,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         .map(|store| tiering::Tiering::new(store, cfg.tiering(), cfg.group_count));
     let governance_cfg = cfg.governance.clone();
     let app = app::App::new(node.clone(), cfg, watchers, tiering.clone());
-    governance::spawn(&app, &governance_cfg);
+    governance::spawn(&app, &governance_cfg)?;
     if let Some(t) = &tiering {
         t.spawn(&app);
     }

@@ -28,11 +28,13 @@ mod cluster;
 mod open;
 mod rejoin;
 mod rpc;
+mod stall;
 mod transfer;
 mod upkeep;
 
 pub use cluster::RaftTiming;
 pub use rejoin::{AllowError, Allowed};
+pub use stall::{StallClock, StallWatch, observe_stall, stalled_for};
 pub use transfer::{ShedState, TransferError, shed};
 
 use batcher::run_batcher;

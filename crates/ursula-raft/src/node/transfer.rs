@@ -19,8 +19,8 @@
 //!    for less than its lease turns the first campaign down, but steps down on seeing the
 //!    target's higher term, and then grants the second.)
 //!
-//! Shedding: a node that is draining (maintenance mark), shutting down, or whose storage is
-//! unhealthy stops campaigning, refuses transfers to itself, and hands its leaderships away.
+//! Shedding: a node that is draining (maintenance mark), shutting down, whose storage is
+//! unhealthy or whose cluster-plane egress fails stops campaigning, refuses transfers to itself, and hands its leaderships away.
 //! One whose cold store is unhealthy does the last two but keeps campaigning (see
 //! [`ShedState::should_campaign`]).
 
@@ -77,6 +77,9 @@ pub mod shed {
     pub const STORAGE: u32 = 4;
     /// The cold store is unhealthy.
     pub const COLD_STORE: u32 = 8;
+    /// Cluster-plane probes from this node to a majority of its peers fail (its egress is
+    /// unhealthy; `governance.cluster_probe`).
+    pub const EGRESS: u32 = 16;
 }
 
 /// What a node's shed state means for leadership (`GET /__ursula/leadership-shed`).
@@ -94,6 +97,8 @@ impl ShedState {
             "shutting-down"
         } else if b & shed::STORAGE != 0 {
             "storage-unhealthy"
+        } else if b & shed::EGRESS != 0 {
+            "egress-unhealthy"
         } else if b & shed::COLD_STORE != 0 {
             "cold-store-unhealthy"
         } else {

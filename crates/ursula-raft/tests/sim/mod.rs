@@ -13,7 +13,10 @@ use openraft::ServerState;
 use ursula_core::command::{AppendReq, CreateReq};
 use ursula_core::{Command, Op, Response, StreamKey};
 use ursula_raft::testing::TestNetwork;
-use ursula_raft::{Node, NodeConfig, ProposeError, WalOptions};
+use ursula_raft::{Node, NodeConfig, ProposeError, Transport, WalOptions};
+
+/// Wraps a node's transport (fault injection beyond what [`TestNetwork`] offers).
+pub type WrapTransport = Arc<dyn Fn(u64, Arc<dyn Transport>) -> Arc<dyn Transport> + Send + Sync>;
 
 pub const T: Duration = Duration::from_secs(30);
 /// Bytes per append in these tests, so a stream's bytes split back into its appends.
@@ -26,12 +29,23 @@ pub struct Cluster {
     dirs: BTreeMap<u64, tempfile::TempDir>,
     pub nodes: BTreeMap<u64, Arc<Node>>,
     peers: BTreeMap<u64, String>,
+    wrap: Option<WrapTransport>,
 }
 
 impl Cluster {
     /// Opens `n` fresh nodes (ids 1..=n) that bootstrap together, and waits for every group to
     /// have a leader known to every node.
     pub async fn start(n: u64, groups: u32, snapshot_logs: u64) -> Cluster {
+        Cluster::start_wrapped(n, groups, snapshot_logs, None).await
+    }
+
+    /// [`Cluster::start`] with every node's transport passed through `wrap`.
+    pub async fn start_wrapped(
+        n: u64,
+        groups: u32,
+        snapshot_logs: u64,
+        wrap: Option<WrapTransport>,
+    ) -> Cluster {
         let peers: BTreeMap<u64, String> = (1..=n)
             .map(|id| (id, format!("http://node-{id}")))
             .collect();
@@ -44,6 +58,7 @@ impl Cluster {
                 .collect(),
             nodes: BTreeMap::new(),
             peers,
+            wrap,
         };
         for id in 1..=n {
             c.open(id, true).await;
@@ -70,7 +85,10 @@ impl Cluster {
             },
             snapshot_logs: self.snapshot_logs,
             peers: self.peers.clone(),
-            transport: Some(self.net.transport(id)),
+            transport: Some(match &self.wrap {
+                Some(w) => w(id, self.net.transport(id)),
+                None => self.net.transport(id),
+            }),
             init_membership: init,
             cluster_id: Some("test-cluster".into()),
             ..NodeConfig::new(dir)

@@ -50,6 +50,9 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
     if app.cfg.server.cluster_listen.is_none() && crate::cluster::is_raft_path(req.uri().path()) {
         return crate::cluster::serve_raft(&app, req).await;
     }
+    if req.uri().path() == crate::probe::PATH && app.cfg.server.cluster_listen.is_none() {
+        return crate::probe::serve(req).await;
+    }
     serve(app, req).await
 }
 
@@ -58,6 +61,9 @@ pub async fn handle(app: Arc<App>, req: Request<Body>) -> Resp {
 pub async fn handle_cluster(app: Arc<App>, req: Request<Body>) -> Resp {
     if crate::cluster::is_raft_path(req.uri().path()) {
         return crate::cluster::serve_raft(&app, req).await;
+    }
+    if req.uri().path() == crate::probe::PATH {
+        return crate::probe::serve(req).await;
     }
     serve(app, req).await
 }

@@ -22,13 +22,15 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             j["raft_group_metrics"] = raft_metrics::json(&rows);
             j["rejoin"] = raft_metrics::rejoin_json(&app.node);
             j["raft_rpc"] = raft_metrics::rpc_json(&app.node);
+            j["cluster_probe"] = app.governance.probes.json();
             (StatusCode::OK, j.to_string(), "application/json")
         }
         ["metrics", "prometheus"] => (
             StatusCode::OK,
             app.metrics.prometheus(&extra_metrics(app))
                 + &raft_metrics::prometheus(&raft_metrics::rows(app))
-                + &raft_metrics::rpc_prometheus(&app.node),
+                + &raft_metrics::rpc_prometheus(&app.node)
+                + &app.governance.probes.prometheus(),
             "text/plain; version=0.0.4",
         ),
         ["health"] => (
@@ -59,6 +61,12 @@ pub fn not_ready_reasons(app: &App) -> Vec<String> {
         && let Some(r) = t.health.reason()
     {
         reasons.push(format!("cold store unhealthy: {r}"));
+    }
+    if let Some(r) = app.governance.probes.reason() {
+        reasons.push(r);
+    }
+    if let Some(r) = app.governance.cold.reason() {
+        reasons.push(r);
     }
     if *app.shutdown.borrow() {
         reasons.push("shutting down".to_owned());
@@ -128,6 +136,31 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
             app.node.led_groups().len() as u64,
         ),
         ("ursula_raft_node_id", "gauge", app.node.node_id()),
+        (
+            "ursula_commit_stall_transfers_total",
+            "counter",
+            app.governance.commit_stall_transfers(),
+        ),
+        (
+            "ursula_cold_health_gate_unhealthy",
+            "gauge",
+            u64::from(app.governance.cold.unhealthy()),
+        ),
+        (
+            "ursula_cold_hot_backlog",
+            "gauge",
+            u64::from(app.governance.cold.backlog()),
+        ),
+        (
+            "ursula_cluster_egress_unhealthy",
+            "gauge",
+            u64::from(app.governance.probes.unhealthy()),
+        ),
+        (
+            "ursula_leadership_shed_bits",
+            "gauge",
+            u64::from(app.node.shed_state().bits),
+        ),
         (
             "ursula_raft_groups_awaiting_permission",
             "gauge",

@@ -210,6 +210,12 @@ impl Node {
         );
     }
 
+    /// Starts this node with its own config file from now on (the cluster's is
+    /// `root/cluster.toml`).
+    pub fn set_config(&mut self, path: PathBuf) {
+        self.config = path;
+    }
+
     /// SIGKILL, and reap the process. No-op if it is not running.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
