@@ -10,9 +10,12 @@
 //!   and answers each as soon as it is done, so a heartbeat of one group never waits for
 //!   another group's append (which waits for an fsync) — openraft times an append-entries
 //!   out after one heartbeat interval.
-//! - **Only heartbeats linger.** A frame with entries, a vote or a proposal leaves at once,
-//!   with whatever was already queued. A heartbeat may wait up to `linger` (a twentieth of
-//!   the heartbeat interval, at most 5 ms) for others to share its request.
+//! - **Only heartbeats linger.** A frame with entries, a vote, a proposal or an empty append
+//!   that carries a new commit index leaves at once, with whatever was already queued. A
+//!   heartbeat may wait up to `linger` (a fiftieth of the heartbeat interval, at most 2 ms)
+//!   for others to share its request; the node heartbeats all its groups at one instant
+//!   (`node/heartbeat.rs`), so they arrive within that. A group's replication to a peer is
+//!   sequential, so a write to a group whose heartbeat lingers waits that long at most.
 //! - **Large frames travel alone** (over [`MAX_BATCHED_FRAME`]: snapshot chunks, big
 //!   appends), so a batch's small frames are not stuck behind their bytes.
 //! - At most [`MAX_IN_FLIGHT`] batches per peer are on the wire at once; while all are, new
@@ -37,7 +40,7 @@ const MAX_BATCH_BYTES: usize = 1 << 20;
 /// Batches on the wire to one peer at once.
 pub const MAX_IN_FLIGHT: usize = 32;
 /// The longest a heartbeat waits for company.
-const MAX_LINGER: Duration = Duration::from_millis(5);
+const MAX_LINGER: Duration = Duration::from_millis(2);
 
 type Reply = oneshot::Sender<Result<Vec<u8>, TransportError>>;
 
@@ -74,7 +77,7 @@ impl Coalescer {
         peers: impl IntoIterator<Item = NodeId>,
         heartbeat: Duration,
     ) -> Self {
-        let linger = (heartbeat / 20).min(MAX_LINGER);
+        let linger = (heartbeat / 50).min(MAX_LINGER);
         let stats = Arc::new(CoalesceStats::default());
         let queues = peers
             .into_iter()
@@ -346,7 +349,7 @@ mod tests {
         let c = coalescer(&echo);
         let (answer, took) = call(&c, vec![0, 1], true).await.unwrap();
         assert_eq!(answer.unwrap(), vec![0, 1]);
-        assert_eq!(took, HEARTBEAT / 20);
+        assert_eq!(took, HEARTBEAT / 50);
         let (answer, took) = call(&c, vec![0, 2], false).await.unwrap();
         assert_eq!(answer.unwrap(), vec![0, 2]);
         assert_eq!(took, Duration::ZERO);
@@ -369,10 +372,10 @@ mod tests {
         let fast = call(&c, vec![0, 1], true);
         let (answer, took) = fast.await.unwrap();
         assert_eq!(answer.unwrap(), vec![0, 1]);
-        assert_eq!(took, HEARTBEAT / 20);
+        assert_eq!(took, HEARTBEAT / 50);
         let (answer, took) = slow.await.unwrap();
         assert_eq!(answer.unwrap(), vec![250, 0]);
-        assert_eq!(took, HEARTBEAT / 20 + Duration::from_millis(250));
+        assert_eq!(took, HEARTBEAT / 50 + Duration::from_millis(250));
         assert_eq!(echo.requests.lock().unwrap().len(), 1);
     }
 

@@ -23,7 +23,7 @@ use openraft::raft::{
 };
 
 use crate::coalesce::Coalescer;
-use crate::types::{NodeId, TypeConfig};
+use crate::types::{LogId, NodeId, TypeConfig};
 use crate::wire;
 
 /// Why a frame did not get an answer.
@@ -110,6 +110,8 @@ pub struct PeerClient {
     target: NodeId,
     transport: Option<Arc<Coalescer>>,
     retry_after: Duration,
+    /// The commit index the last append-entries told the peer, if one was sent.
+    sent_commit: Option<Option<LogId>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +127,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             target,
             transport: self.transport.clone(),
             retry_after: self.retry_after,
+            sent_commit: None,
         }
     }
 }
@@ -177,8 +180,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        // A heartbeat may wait a moment for other groups' heartbeats to share its request.
-        let heartbeat = rpc.entries.is_empty();
+        // A heartbeat may wait a moment for other groups' heartbeats to share its request;
+        // an empty append that tells the peer a new commit index does not wait (the next
+        // write of this group queues behind it), nor does one with entries.
+        let commit = Some(rpc.leader_commit);
+        let heartbeat = rpc.entries.is_empty() && self.sent_commit == commit;
+        self.sent_commit = commit;
         self.call(
             wire::encode_append(self.group, &rpc),
             option.hard_ttl(),

@@ -25,6 +25,7 @@ use crate::types::{Batch, Raft};
 
 mod batcher;
 mod cluster;
+mod heartbeat;
 mod open;
 mod rejoin;
 mod rpc;
@@ -172,6 +173,8 @@ pub struct Node {
     /// networks hold clones).
     transport: Option<Arc<Coalescer>>,
     groups: Vec<Group>,
+    /// Which groups the node-wide heartbeat clock heartbeats (`heartbeat.rs`).
+    heartbeats: Arc<heartbeat::Heartbeats>,
     wal: Wal,
     closing: AtomicBool,
     /// Why this node sheds leadership, if it does (transfer.rs).
@@ -285,12 +288,22 @@ impl Node {
             purged,
         };
         tasks.push(tokio::spawn(upkeep.run(stop.subscribe())));
+        let heartbeats = Arc::new(heartbeat::Heartbeats::new(groups.len()));
+        if transport.is_some() {
+            tasks.push(tokio::spawn(heartbeat::run(
+                groups.iter().map(|g| g.raft.clone()).collect(),
+                Arc::clone(&heartbeats),
+                Duration::from_millis(cfg.timing.heartbeat_ms),
+                stop.subscribe(),
+            )));
+        }
         rejoin::start(&rejoin, &groups);
         let node = Node {
             node_id: cfg.node_id,
             peers: cfg.peers.clone(),
             transport,
             groups,
+            heartbeats,
             wal,
             closing: AtomicBool::new(false),
             shed: transfer::Shed::default(),

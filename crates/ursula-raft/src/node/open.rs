@@ -136,6 +136,8 @@ fn raft_config(
     openraft::Config {
         cluster_name: format!("ursula-group-{group}"),
         heartbeat_interval: timing.heartbeat_ms,
+        // One clock heartbeats every group at once instead (heartbeat.rs).
+        enable_heartbeat: false,
         election_timeout_min: timing.election_min_ms,
         election_timeout_max: timing.election_max_ms,
         // One chunk per RPC: the sender reads the snapshot a chunk at a time.

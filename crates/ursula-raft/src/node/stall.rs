@@ -148,7 +148,7 @@ impl Node {
         let deadline = Instant::now() + timeout;
         let left = || deadline.saturating_duration_since(Instant::now());
         g.raft.runtime_config().elect(false);
-        g.raft.runtime_config().heartbeat(false);
+        self.set_heartbeats(group, false);
         let result = async {
             // Let the followers' lease of this leader run out, then ask the voter with the
             // longest replicated log to campaign (or, if none answers, let their own
@@ -191,7 +191,7 @@ impl Node {
             }
         }
         .await;
-        g.raft.runtime_config().heartbeat(true);
+        self.set_heartbeats(group, true);
         self.rejoin
             .set_elect(group, &g.raft, self.shed_state().should_campaign());
         result

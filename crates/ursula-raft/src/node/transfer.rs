@@ -224,7 +224,7 @@ impl Node {
         // other followers too, whose leases run out only later).
         g.raft.runtime_config().elect(false);
         let result = self.hand_over(g, group, target, deadline).await;
-        g.raft.runtime_config().heartbeat(true);
+        self.set_heartbeats(group, true);
         self.rejoin
             .set_elect(group, &g.raft, self.shed_state().should_campaign());
         result
@@ -280,7 +280,7 @@ impl Node {
                     // only after lease + election timeout, so the target campaigns first).
                     let voters = m.membership_config.membership().voter_ids().count();
                     if voters > 3 && asked == 0 {
-                        g.raft.runtime_config().heartbeat(false);
+                        self.set_heartbeats(group, false);
                         let lease = self.timing.election_max_ms + self.timing.heartbeat_ms;
                         tokio::time::sleep(Duration::from_millis(lease).min(left())).await;
                     }
