@@ -12,7 +12,8 @@
 # every group has a leader and the nodes lead N/3 each (within one), the generator pointed
 # at node 1: about two thirds of the streams are led by another node, and ursula-bench
 # follows each one's first `307` and then sends that stream's appends to its leader (per
-# connection). The JSON gets "leaders_per_node"; "redirects" is the generator's own count.
+# connection). The JSON gets "leaders_per_node" and, on a cluster, "term_changes" (the
+# growth of the groups' terms over the run: elections); "redirects" is the generator's.
 # When taskset exists, the servers run on CPU 0 and the generator on CPU 1 (single-threaded),
 # like `ursula-bench compare`. Besides the leader's CPU per append (--server-pid), it adds
 # every node's CPU over the whole generator run per append of that run. Prints one JSON line per run (the generator's, with "config"
@@ -81,6 +82,27 @@ print(sum(g.get("state") == "leader" for g in json.load(sys.stdin).get("raft_gro
     out+=("$n")
   done
   echo "${out[*]}"
+}
+
+# Sum over groups of the highest `current_term` any node reports (nothing on a single node):
+# its growth over a run counts the elections during it.
+terms() {
+  [[ $1 == cluster-* ]] || return 0
+  local t=0 n
+  for p in "${PS[@]}"; do
+    n=$(curl -sf --max-time 2 "http://127.0.0.1:$p/__ursula/metrics" | python3 -c '
+import json, sys
+print(" ".join("%d:%d" % (g["raft_group_id"], g.get("current_term") or 0)
+               for g in json.load(sys.stdin).get("raft_groups", [])))' 2>/dev/null) || continue
+    t="$t $n"
+  done
+  python3 -c '
+import sys
+m = {}
+for x in sys.argv[1].split()[1:]:
+    g, t = x.split(":")
+    m[g] = max(m.get(g, 0), int(t))
+print(sum(m.values()))' "$t"
 }
 
 # Waits (at most 60 s) until the N groups have leaders spread within one across the nodes,
@@ -160,17 +182,23 @@ for round in $(seq 1 "$ROUNDS"); do
   for preset in "${PRESETS[@]}"; do
     for config in "${CONFIGS[@]}"; do
       start "$config"
+      terms_before=$(terms "$config")
       before=$(cpu_ticks)
       # shellcheck disable=SC2086  # the preset is a word list
       line=$("${GENPIN[@]}" "$BIN/ursula-bench" "${GEN[@]}" --quiet --url "$URL" $preset \
         --duration "$DURATION" --warmup 1s --server-pid "$LEADER_PID")
       ticks=$(($(cpu_ticks) - before))
-      printf '%s\n' "$line" | SPREAD=$SPREAD python3 -c '
+      terms_after=$(terms "$config")
+      elections=
+      [[ -n $terms_before && -n $terms_after ]] && elections=$((terms_after - terms_before))
+      printf '%s\n' "$line" | SPREAD=$SPREAD ELECTIONS=$elections python3 -c '
 import json, os, sys
 r = json.loads(sys.stdin.readline())
 r["config"], r["round"] = sys.argv[1], int(sys.argv[2])
 if os.environ.get("SPREAD"):
     r["leaders_per_node"] = [int(x) for x in os.environ["SPREAD"].split()]
+if os.environ.get("ELECTIONS"):
+    r["term_changes"] = int(os.environ["ELECTIONS"])
 # CPU of every node over the whole generator run (setup and warm-up too), per append of the
 # run (appends/s x (warm-up + measured window)): an upper bound, comparable across configs.
 ops = r["appends_per_s"] * (r["duration_s"] + 1.0)
@@ -178,9 +206,9 @@ r["all_nodes_cpu_us_per_append"] = int(sys.argv[3]) * 10_000 / ops if ops else N
 print(json.dumps(r))
 lat, cpu = r["latency"], r.get("server_cpu") or {}
 shape = "%sx%s%s" % (r["streams"], r["connections"], " producer" if r["producer"] else "")
-print("%-11s r%s %-16s %8.0f/s p50 %8.0f us p99 %8.0f us cpu/append %s us errors %s redirects %s leaders %s" % (
+print("%-11s r%s %-16s %8.0f/s p50 %8.0f us p99 %8.0f us cpu/append %s us errors %s redirects %s leaders %s terms+%s" % (
     sys.argv[1], sys.argv[2], shape, r["appends_per_s"], lat["p50_us"], lat["p99_us"],
-    cpu.get("us_per_op"), r["errors"], r.get("redirects"), r.get("leaders_per_node")), file=sys.stderr)' "$config" "$round" "$ticks"
+    cpu.get("us_per_op"), r["errors"], r.get("redirects"), r.get("leaders_per_node"), r.get("term_changes")), file=sys.stderr)' "$config" "$round" "$ticks"
       stop_all
     done
   done

@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -42,6 +42,58 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct Endpoint {
     pub target: Target,
     pub addr: SocketAddr,
+    /// What redirects taught every `Conn` to this target.
+    routes: Routes,
+}
+
+/// The leaders learnt from redirects, shared by every `Conn` of one target, so each stream
+/// is redirected about once per run rather than once per connection.
+#[derive(Debug, Default)]
+struct Routes {
+    /// Set on the first remembered route: until then a request takes no lock.
+    any: AtomicBool,
+    /// Stream path → the node that led it at the last redirect.
+    leaders: RwLock<HashMap<Box<str>, Arc<Endpoint>>>,
+    /// Nodes `Location`s named, resolved once.
+    nodes: Mutex<Vec<Arc<Endpoint>>>,
+}
+
+impl Routes {
+    fn get(&self, path: &str) -> Option<Arc<Endpoint>> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let leaders = self.leaders.read().unwrap_or_else(|e| e.into_inner());
+        leaders.get(path).cloned()
+    }
+
+    /// `leader` None: the stream is led by the target itself again.
+    fn set(&self, path: &str, leader: Option<Arc<Endpoint>>) {
+        let mut leaders = self.leaders.write().unwrap_or_else(|e| e.into_inner());
+        match leader {
+            Some(ep) => {
+                leaders.insert(path.into(), ep);
+                self.any.store(true, Ordering::Relaxed);
+            }
+            None => {
+                leaders.remove(path);
+            }
+        }
+    }
+
+    /// Forget every stream routed to `node` (it failed; the target redirects them afresh).
+    fn forget(&self, node: &Endpoint) {
+        let mut leaders = self.leaders.write().unwrap_or_else(|e| e.into_inner());
+        leaders.retain(|_, ep| ep.addr != node.addr);
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.leaders
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
 }
 
 impl Endpoint {
@@ -51,7 +103,44 @@ impl Endpoint {
             .with_context(|| format!("resolving {}", target.host))?
             .next()
             .with_context(|| format!("{} resolved to no address", target.host))?;
-        Ok(Arc::new(Self { target, addr }))
+        Ok(Arc::new(Self {
+            target,
+            addr,
+            routes: Routes::default(),
+        }))
+    }
+
+    /// The node at `authority` (resolved once per target and node).
+    async fn node(&self, authority: &Authority) -> Result<Arc<Endpoint>> {
+        let same =
+            |ep: &Arc<Endpoint>| ep.target.host_header.as_bytes() == authority.as_str().as_bytes();
+        if let Some(ep) = self
+            .routes
+            .nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|e| same(e))
+        {
+            return Ok(ep.clone());
+        }
+        let t = &self.target;
+        let target = Target::parse(&format!("http://{authority}"), t.layout, &t.bucket)?;
+        let ep = Endpoint::resolve(target).await?;
+        let mut nodes = self.routes.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = nodes.iter().find(|e| same(e)) {
+            return Ok(known.clone());
+        }
+        if nodes.len() >= MAX_ENDPOINTS {
+            bail!("redirected to more than {MAX_ENDPOINTS} nodes");
+        }
+        nodes.push(ep.clone());
+        Ok(ep)
+    }
+
+    #[cfg(test)]
+    pub fn routes_learnt(&self) -> bool {
+        !self.routes.is_empty()
     }
 
     /// A request with the Host header set.
@@ -89,7 +178,7 @@ impl Endpoint {
 
 /// Redirects followed per request before its last `307` is handed to the caller.
 pub const MAX_REDIRECTS: usize = 3;
-/// Distinct nodes one `Conn` may be redirected to (a cluster has a handful).
+/// Distinct nodes one target may redirect to (a cluster has a handful).
 const MAX_ENDPOINTS: usize = 16;
 
 /// Redirects followed by every `Conn` of this process (each run is one process).
@@ -113,14 +202,13 @@ struct Slot {
 /// redirect: the same method, headers and body go to `Location` with its `Host`. A cluster
 /// node answers a write (or a tail read) for a group another node leads with a `307` to
 /// that leader's peer URL + the same path and query; the connection to that node is kept
-/// (one per node), and the stream's path is remembered so its next requests go to the
-/// leader directly. A request that is not redirected costs what it did before: one build,
-/// and a lookup only once some stream has been redirected.
+/// (one per node and `Conn`), and the stream's path is remembered in the target's routes,
+/// shared by its `Conn`s, so the stream's next requests go to the leader directly. A
+/// request that is not redirected costs what it did before: one build, and a lookup only
+/// once some stream has been redirected.
 pub struct Conn {
     /// `slots[0]` is the target given; the others were learnt from `Location`s.
     slots: Vec<Slot>,
-    /// Stream path → slot of the node that led it at the last redirect.
-    leaders: HashMap<Box<str>, usize>,
     /// Redirects this connection followed.
     pub redirects: u64,
 }
@@ -133,7 +221,6 @@ impl Conn {
                 sender: None,
                 connects: 0,
             }],
-            leaders: HashMap::new(),
             redirects: 0,
         }
     }
@@ -178,7 +265,7 @@ impl Conn {
     async fn send_on(&mut self, i: usize, req: Request<Body>) -> Result<Response<Incoming>> {
         let result = Self::send_slot(&mut self.slots[i], req).await;
         if result.is_err() && i != 0 {
-            self.leaders.retain(|_, s| *s != i);
+            self.slots[0].ep.routes.forget(&self.slots[i].ep);
         }
         result
     }
@@ -201,27 +288,17 @@ impl Conn {
         }
     }
 
-    /// The slot of the node at `authority`, opened on first use.
-    async fn slot_for(&mut self, authority: &Authority) -> Result<usize> {
-        if let Some(i) = self
-            .slots
-            .iter()
-            .position(|s| s.ep.target.host_header.as_bytes() == authority.as_str().as_bytes())
-        {
-            return Ok(i);
+    /// The slot of `ep`, added on first use.
+    fn slot_of(&mut self, ep: &Arc<Endpoint>) -> usize {
+        if let Some(i) = self.slots.iter().position(|s| s.ep.addr == ep.addr) {
+            return i;
         }
-        if self.slots.len() >= MAX_ENDPOINTS {
-            bail!("redirected to more than {MAX_ENDPOINTS} nodes");
-        }
-        let t = &self.slots[0].ep.target;
-        let target = Target::parse(&format!("http://{authority}"), t.layout, &t.bucket)?;
-        let ep = Endpoint::resolve(target).await?;
         self.slots.push(Slot {
-            ep,
+            ep: ep.clone(),
             sender: None,
             connects: 0,
         });
-        Ok(self.slots.len() - 1)
+        self.slots.len() - 1
     }
 
     /// Send a request, following up to `MAX_REDIRECTS` redirects; `build` makes the request
@@ -233,12 +310,10 @@ impl Conn {
     {
         let mut req = build();
         let mut slot = 0;
-        if !self.leaders.is_empty()
-            && let Some(&i) = self.leaders.get(req.uri().path())
-        {
-            slot = i;
+        if let Some(leader) = self.slots[0].ep.routes.get(req.uri().path()) {
+            slot = self.slot_of(&leader);
             req.headers_mut()
-                .insert(HOST, self.slots[i].ep.target.host_header.clone());
+                .insert(HOST, leader.target.host_header.clone());
         }
         let mut hops = 0;
         loop {
@@ -254,7 +329,10 @@ impl Conn {
                 return Err(e);
             }
             let next = match location.authority() {
-                Some(a) => self.slot_for(a).await?,
+                Some(a) => {
+                    let ep = self.slots[0].ep.node(a).await?;
+                    self.slot_of(&ep)
+                }
                 None => slot,
             };
             hops += 1;
@@ -264,11 +342,8 @@ impl Conn {
             let pq = location.path_and_query().cloned();
             // Same path on another node: that node leads the stream; go there next time.
             if location.authority().is_some() && pq.as_ref() == req.uri().path_and_query() {
-                if next == 0 {
-                    self.leaders.remove(req.uri().path());
-                } else {
-                    self.leaders.insert(req.uri().path().into(), next);
-                }
+                let leader = (next != 0).then(|| self.slots[next].ep.clone());
+                self.slots[0].ep.routes.set(req.uri().path(), leader);
             }
             if let Some(pq) = pq {
                 *req.uri_mut() = Uri::from(pq);

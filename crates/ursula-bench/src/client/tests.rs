@@ -193,7 +193,7 @@ async fn a_request_not_redirected_stays_on_the_target() -> Result<()> {
     }
     assert_eq!((p.a.hits("/b/local"), p.b.hits("/b/local")), (2, 0));
     assert_eq!(p.conn.redirects, 0);
-    assert!(p.conn.leaders.is_empty());
+    assert!(!p.ep.routes_learnt());
     Ok(())
 }
 
@@ -258,7 +258,27 @@ async fn a_relative_location_is_followed_on_the_same_node_and_not_remembered() -
     assert_eq!(status, StatusCode::OK);
     assert!(echo.starts_with("POST /b/snap-1 "), "{echo}");
     assert_eq!((p.a.hits("/b/snap"), p.a.hits("/b/snap-1")), (1, 1));
-    assert!(p.conn.leaders.is_empty());
+    assert!(!p.ep.routes_learnt());
     assert_eq!(p.conn.connects(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn another_connection_to_the_target_uses_the_route_learnt() -> Result<()> {
+    let mut p = pair().await?;
+    p.a.route("/b/shared", Answer::RedirectTo(p.b_url.clone()));
+    post(&mut p, "/b/shared", 0).await?;
+    assert!(p.ep.routes_learnt());
+    // A second connection of the same run goes to the leader at once.
+    p.conn = Conn::new(p.ep.clone());
+    let (status, echo) = post(&mut p, "/b/shared", 1).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        echo.contains(&format!("host={}", host_of(&p.b_url))),
+        "{echo}"
+    );
+    assert_eq!((p.a.hits("/b/shared"), p.b.hits("/b/shared")), (1, 2));
+    assert_eq!(p.conn.redirects, 0);
+    assert_eq!(p.conn.connects(), 1, "only to the leader");
     Ok(())
 }
