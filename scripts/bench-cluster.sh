@@ -12,12 +12,16 @@
 # every group has a leader and the nodes lead N/3 each (within one), the generator pointed
 # at node 1: about two thirds of the streams are led by another node, and ursula-bench
 # follows each one's first `307` and then sends that stream's appends to its leader (per
-# connection). The JSON gets "leaders_per_node" and, on a cluster, "term_changes" (the
-# growth of the groups' terms over the run: elections); "redirects" is the generator's.
+# connection). `cluster-gN-on1` = the same with the balancer off and every leadership moved
+# to node 1 (admin transfer route) before measuring: N groups, no redirect, to tell the cost
+# of N groups from that of leaders on several nodes. The JSON gets "leaders_per_node" and,
+# on a cluster, "term_changes" (the growth of the groups' terms over the run: elections);
+# "redirects" is the generator's count (cluster redirects it followed, setup included).
 # When taskset exists, the servers run on CPU 0 and the generator on CPU 1 (single-threaded),
-# like `ursula-bench compare`. Besides the leader's CPU per append (--server-pid), it adds
-# every node's CPU over the whole generator run per append of that run. Prints one JSON line per run (the generator's, with "config"
-# and "round" added) on stdout.
+# like `ursula-bench compare`. Besides the CPU per append of the node the generator is
+# pointed at (--server-pid), it adds every node's CPU over the whole generator run per
+# append of that run. Prints one JSON line per run (the generator's, with "config" and
+# "round" added) on stdout.
 set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 BIN=${URSULA_BIN_DIR:-$ROOT/target/release}
@@ -126,11 +130,32 @@ sys.exit(0 if sum(c) == int(sys.argv[1]) and max(c) - min(c) <= 1 else 1)' "$wan
   echo "leaderships not spread after 60 s: $cur" >&2
 }
 
-# The 3-node config with $1 groups (balancer every second) in $TMP/cluster.toml.
+# Moves every group's leadership to node 1 (admin transfer route on the group's leader),
+# at most 60 s; sets SPREAD.
+lead_on_node1() {
+  local want=$1 cur
+  for _ in $(seq 1 60); do
+    cur=$(leaders_per_node)
+    [[ $cur == "$want 0 0" ]] && { SPREAD=$cur; return 0; }
+    curl -sf --max-time 2 "http://127.0.0.1:${PS[0]}/__ursula/metrics" | python3 -c '
+import json, sys
+for g in json.load(sys.stdin).get("raft_groups", []):
+    if g.get("current_leader") not in (None, 1):
+        print(g["raft_group_id"], g["current_leader"])' | while read -r g l; do
+      curl -sf --max-time 15 -o /dev/null -X POST \
+        "http://127.0.0.1:${PS[$((l - 1))]}/__ursula/raft/$g/leader/transfer/1" || true
+    done
+    sleep 1
+  done
+  SPREAD=$cur
+  echo "node 1 does not lead every group after 60 s: $cur" >&2
+}
+
+# The 3-node config with $1 groups in $TMP/cluster.toml, the balancer checking every $2.
 cluster_config() {
   {
     printf 'group_count = %d\n[server]\ncluster_id = "bench"\n[raft]\ninit_membership_per_group = true\n' "$1"
-    printf '[governance.leadership_balance]\ninterval = "1s"\n'
+    printf '[governance.leadership_balance]\ninterval = "%s"\n' "$2"
     printf '[storage.cold]\nbackend = "local"\n[storage.cold.local]\npath = "%s"\nshared = true\n' "$TMP/cold"
     for i in 0 1 2; do
       printf '[[raft.peers]]\nnode_id = %d\nurl = "http://127.0.0.1:%s"\n' $((i + 1)) "${PS[$i]}"
@@ -153,15 +178,21 @@ start() {
       URL=http://127.0.0.1:$P LEADER_PID=${PIDS[0]}
       ;;
     cluster-g*)
-      local groups=${1#cluster-g}
+      local groups=${1#cluster-g} on1=
+      [[ $groups == *-on1 ]] && { groups=${groups%-on1} on1=1; }
       read -r -a PS < <(ports 3)
-      cluster_config "$groups"
+      if [[ -n $on1 ]]; then cluster_config "$groups" 0s; else cluster_config "$groups" 1s; fi
       for i in 0 1 2; do
         NO_COLOR=1 "${SRV[@]}" "$BIN/ursula" server --config "$TMP/cluster.toml" --node-id $((i + 1)) \
           --listen "127.0.0.1:${PS[$i]}" --data-dir "$TMP/n$i" 2>"$TMP/n$i.log" &
         PIDS+=($!)
       done
       for p in "${PS[@]}"; do wait_ready "$p"; done
+      if [[ -n $on1 ]]; then
+        lead_on_node1 "$groups"
+        URL=http://127.0.0.1:${PS[0]} LEADER_PID=${PIDS[0]}
+        return 0
+      fi
       if [[ $groups != 1 ]]; then
         wait_spread "$groups"
         URL=http://127.0.0.1:${PS[0]} LEADER_PID=${PIDS[0]}
