@@ -130,8 +130,8 @@ sys.exit(0 if sum(c) == int(sys.argv[1]) and max(c) - min(c) <= 1 else 1)' "$wan
   echo "leaderships not spread after 60 s: $cur" >&2
 }
 
-# Moves every group's leadership to node 1 (admin transfer route on the group's leader),
-# at most 60 s; sets SPREAD.
+# Moves every group's leadership to node 1 (the transfer route on the admin plane, ports
+# APS, of the group's leader), at most 60 s; sets SPREAD.
 lead_on_node1() {
   local want=$1 cur
   for _ in $(seq 1 60); do
@@ -143,7 +143,7 @@ for g in json.load(sys.stdin).get("raft_groups", []):
     if g.get("current_leader") not in (None, 1):
         print(g["raft_group_id"], g["current_leader"])' | while read -r g l; do
       curl -sf --max-time 15 -o /dev/null -X POST \
-        "http://127.0.0.1:${PS[$((l - 1))]}/__ursula/raft/$g/leader/transfer/1" || true
+        "http://127.0.0.1:${APS[$((l - 1))]}/__ursula/raft/$g/leader/transfer/1" || true
     done
     sleep 1
   done
@@ -181,10 +181,13 @@ start() {
       local groups=${1#cluster-g} on1=
       [[ $groups == *-on1 ]] && { groups=${groups%-on1} on1=1; }
       read -r -a PS < <(ports 3)
+      read -r -a APS < <(ports 3)
+      local admin=()
       if [[ -n $on1 ]]; then cluster_config "$groups" 0s; else cluster_config "$groups" 1s; fi
       for i in 0 1 2; do
+        [[ -n $on1 ]] && admin=(--admin-listen "127.0.0.1:${APS[$i]}")
         NO_COLOR=1 "${SRV[@]}" "$BIN/ursula" server --config "$TMP/cluster.toml" --node-id $((i + 1)) \
-          --listen "127.0.0.1:${PS[$i]}" --data-dir "$TMP/n$i" 2>"$TMP/n$i.log" &
+          --listen "127.0.0.1:${PS[$i]}" "${admin[@]}" --data-dir "$TMP/n$i" 2>"$TMP/n$i.log" &
         PIDS+=($!)
       done
       for p in "${PS[@]}"; do wait_ready "$p"; done
