@@ -3,6 +3,9 @@
 #
 #   scripts/bench-cluster.sh [rounds] [duration]      # defaults: 3 rounds, 5s per run
 #   CONFIGS="single-g12 cluster-g12" scripts/bench-cluster.sh 2 5s   # only these configs
+#   SHAPES="0 1" ...                # only these presets (indices into PRESETS below)
+#   RAFT_EXTRA="rpc_batching = false" ...   # lines added to the clusters' [raft] table
+#   URSULA_BIN_DIR=DIR ...          # ursula and ursula-bench from DIR, not target/release
 #
 # Per round and preset, in turn (fresh data dirs each run): `single` = one default node (4
 # groups), `single-gN` = one node with N groups, `cluster-g1` = 3 nodes (one config, one
@@ -32,6 +35,11 @@ PRESETS=("append --streams 100 -c 32 --body-size 128"
          "append --producer --streams 100 -c 32 --body-size 128"
          "append --streams 1000 -c 256 --body-size 256")
 read -r -a CONFIGS <<<"${CONFIGS:-single single-g1 cluster-g1 single-g12 cluster-g12}"
+if [[ -n ${SHAPES:-} ]]; then
+  read -r -a pick <<<"$SHAPES"
+  all=("${PRESETS[@]}") PRESETS=()
+  for i in "${pick[@]}"; do PRESETS+=("${all[$i]}"); done
+fi
 SRV=() GENPIN=() GEN=()
 if command -v taskset >/dev/null && [[ $(nproc) -ge 2 ]]; then
   SRV=(taskset -c 0) GENPIN=(taskset -c 1) GEN=(--threads 1)
@@ -155,6 +163,7 @@ for g in json.load(sys.stdin).get("raft_groups", []):
 cluster_config() {
   {
     printf 'group_count = %d\n[server]\ncluster_id = "bench"\n[raft]\ninit_membership_per_group = true\n' "$1"
+    if [[ -n ${RAFT_EXTRA:-} ]]; then printf '%s\n' "$RAFT_EXTRA"; fi
     printf '[governance.leadership_balance]\ninterval = "%s"\n' "$2"
     printf '[storage.cold]\nbackend = "local"\n[storage.cold.local]\npath = "%s"\nshared = true\n' "$TMP/cold"
     for i in 0 1 2; do
