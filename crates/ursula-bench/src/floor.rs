@@ -73,16 +73,19 @@ mod tests {
         let ep = Endpoint::resolve(target).await?;
         let mut conn = Conn::new(ep.clone());
         for _ in 0..3 {
-            let req = ep.request(
-                http::Method::POST,
-                ep.target.stream_uri("s")?,
-                Bytes::from_static(b"hello"),
-            );
+            let uri = ep.target.stream_uri("s")?;
+            let req = || {
+                ep.request(
+                    http::Method::POST,
+                    uri.clone(),
+                    Bytes::from_static(b"hello"),
+                )
+            };
             let (parts, n) = conn.send_drain(req).await?;
             assert_eq!(parts.status, StatusCode::NO_CONTENT);
             assert_eq!(n, 0);
         }
-        assert_eq!(conn.connects, 1);
+        assert_eq!(conn.connects(), 1);
         server.abort();
         Ok(())
     }

@@ -16,6 +16,8 @@ pub struct Header {
     pub target: String,
     pub layout: String,
     pub unix_time: u64,
+    /// Cluster redirects (`307`) the generator followed over the whole run, setup included.
+    pub redirects: u64,
 }
 
 impl Header {
@@ -29,6 +31,7 @@ impl Header {
             target: target.base.clone(),
             layout: target.layout.as_str().to_owned(),
             unix_time,
+            redirects: crate::client::redirects_followed(),
         }
     }
 }

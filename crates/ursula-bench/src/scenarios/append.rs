@@ -67,6 +67,7 @@ impl AppendReport {
                 ("latency", fmt_latency(&self.latency)),
                 ("errors", self.errors.summary()),
                 ("reconnects", self.reconnects.to_string()),
+                ("redirects", self.header.redirects.to_string()),
                 ("server CPU", fmt_cpu(&self.server_cpu)),
             ],
         )
@@ -178,13 +179,16 @@ async fn connection_loop(
         }
         let s = (index + k * conns) % n;
         k += 1;
-        let mut req = ep.with_type(Method::POST, uris[s].clone(), &OCTET_STREAM, body.clone());
-        if let Some(id) = &producer_id {
-            let h = req.headers_mut();
-            h.insert(PRODUCER_ID, id.clone());
-            h.insert(PRODUCER_EPOCH, epoch.clone());
-            h.insert(PRODUCER_SEQ, HeaderValue::from(seqs[s]));
-        }
+        let req = || {
+            let mut req = ep.with_type(Method::POST, uris[s].clone(), &OCTET_STREAM, body.clone());
+            if let Some(id) = &producer_id {
+                let h = req.headers_mut();
+                h.insert(PRODUCER_ID, id.clone());
+                h.insert(PRODUCER_EPOCH, epoch.clone());
+                h.insert(PRODUCER_SEQ, HeaderValue::from(seqs[s]));
+            }
+            req
+        };
         let result = tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await;
         let finished = Instant::now();
         let measured = window.in_measurement(started);
@@ -230,6 +234,6 @@ async fn connection_loop(
         hist,
         ok,
         errors,
-        reconnects: conn.connects.saturating_sub(1),
+        reconnects: conn.reconnects(),
     })
 }

@@ -84,7 +84,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &CreateArgs) -> Result<CreateReport> {
             let mut errors = Errors::default();
             for i in (c..total).step_by(conns) {
                 let uri = ep.target.stream_uri(&format!("create-{run}-{i}"))?;
-                let req = ep.with_type(Method::PUT, uri, &OCTET_STREAM, Bytes::new());
+                let req = || ep.with_type(Method::PUT, uri.clone(), &OCTET_STREAM, Bytes::new());
                 let t0 = Instant::now();
                 match tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await {
                     Ok(Ok((parts, _))) if parts.status.is_success() => {

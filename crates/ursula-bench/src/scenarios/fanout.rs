@@ -153,7 +153,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &FanoutArgs) -> Result<FanoutReport> {
             break;
         }
         let body = Bytes::from(encode(seq, now_ns(), args.body_size));
-        let req = ep.with_type(Method::POST, uri.clone(), &TEXT_PLAIN, body);
+        let req = || ep.with_type(Method::POST, uri.clone(), &TEXT_PLAIN, body.clone());
         let t0 = Instant::now();
         match tokio::time::timeout(APPEND_TIMEOUT, conn.send_drain(req)).await {
             Ok(Ok((parts, _))) if parts.status.is_success() => {
@@ -239,7 +239,7 @@ async fn subscriber(
             }
         };
         let resp = tokio::select! {
-            res = conn.send(ep.sse(uri)) => res,
+            res = conn.send(|| ep.sse(uri.clone())) => res,
             _ = stop.changed() => break,
         };
         let resp = match resp {

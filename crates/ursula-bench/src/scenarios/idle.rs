@@ -94,7 +94,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &IdleArgs) -> Result<IdleReport> {
                     errors.add(&format!("create_{}", status.as_str()));
                     continue;
                 }
-                let req = ep.with_type(Method::POST, uri, &TEXT_PLAIN, body.clone());
+                let req = || ep.with_type(Method::POST, uri.clone(), &TEXT_PLAIN, body.clone());
                 match tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await {
                     Ok(Ok((parts, _))) if parts.status.is_success() => created += 1,
                     Ok(Ok((parts, _))) => errors.add(&format!("append_{}", parts.status.as_str())),

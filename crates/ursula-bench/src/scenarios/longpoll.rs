@@ -162,7 +162,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &LongpollArgs) -> Result<LongpollRepor
         }
         let s = (seq % args.streams as u64) as usize;
         let body = Bytes::from(encode(seq, now_ns(), args.body_size));
-        let req = ep.with_type(Method::POST, uris[s].clone(), &TEXT_PLAIN, body);
+        let req = || ep.with_type(Method::POST, uris[s].clone(), &TEXT_PLAIN, body.clone());
         let t0 = Instant::now();
         match tokio::time::timeout(APPEND_TIMEOUT, conn.send_drain(req)).await {
             Ok(Ok((parts, _))) if parts.status.is_success() => {
@@ -264,7 +264,9 @@ async fn reader(
     // Find the tail with a plain catch-up read.
     let mut offset = String::from("-1");
     let first = match ep.target.read_uri(&path, &offset, "") {
-        Ok(uri) => tokio::time::timeout(APPEND_TIMEOUT, conn.send_collect(ep.get(uri))).await,
+        Ok(uri) => {
+            tokio::time::timeout(APPEND_TIMEOUT, conn.send_collect(|| ep.get(uri.clone()))).await
+        }
         Err(e) => Ok(Err(e)),
     };
     match first {
@@ -302,7 +304,7 @@ async fn reader(
             }
         };
         let res = tokio::select! {
-            res = tokio::time::timeout(request_timeout, conn.send_collect(ep.get(uri))) => res,
+            res = tokio::time::timeout(request_timeout, conn.send_collect(|| ep.get(uri.clone()))) => res,
             _ = stop.changed() => break,
         };
         let now = now_ns();

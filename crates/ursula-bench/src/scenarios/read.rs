@@ -242,7 +242,8 @@ async fn prefill(ep: &Arc<Endpoint>, uris: &[http::Uri], args: &ReadArgs) -> Res
             while left > 0 {
                 let n = left.min(chunk.len());
                 left -= n;
-                let req = ep.with_type(Method::POST, uri.clone(), &OCTET_STREAM, chunk.slice(..n));
+                let req =
+                    || ep.with_type(Method::POST, uri.clone(), &OCTET_STREAM, chunk.slice(..n));
                 let (parts, _) =
                     tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await??;
                 if !parts.status.is_success() {
@@ -279,7 +280,8 @@ async fn read_loop(
             }
             let measured = window.in_measurement(started);
             whole_stream_counts &= measured;
-            let req = ep.get(ep.target.read_uri(path, &offset, "")?);
+            let uri = ep.target.read_uri(path, &offset, "")?;
+            let req = || ep.get(uri.clone());
             let res = tokio::time::timeout(REQUEST_TIMEOUT, conn.send_drain(req)).await;
             let finished = Instant::now();
             let (parts, n) = match res {

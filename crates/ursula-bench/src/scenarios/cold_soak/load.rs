@@ -58,12 +58,15 @@ pub(super) async fn append_loop(
                         pos[k]
                     );
                 }
-                let mut req =
-                    ep.with_type(Method::POST, st.uri.clone(), &OCTET_STREAM, body.clone());
-                let h = req.headers_mut();
-                h.insert(PRODUCER_ID, st.producer.clone());
-                h.insert(PRODUCER_EPOCH, epoch.clone());
-                h.insert(PRODUCER_SEQ, HeaderValue::from(seq[k]));
+                let req = || {
+                    let mut req =
+                        ep.with_type(Method::POST, st.uri.clone(), &OCTET_STREAM, body.clone());
+                    let h = req.headers_mut();
+                    h.insert(PRODUCER_ID, st.producer.clone());
+                    h.insert(PRODUCER_EPOCH, epoch.clone());
+                    h.insert(PRODUCER_SEQ, HeaderValue::from(seq[k]));
+                    req
+                };
                 let (parts, text) =
                     match tokio::time::timeout(REQUEST_TIMEOUT, conn.send_collect(req)).await {
                         Ok(Ok(x)) => x,
@@ -137,7 +140,8 @@ pub(super) async fn read_loop(
         let mut pos = 0u64;
         let mut attempts = 0u32;
         for _ in 0..MAX_PAGES {
-            let req = ep.get(ep.target.read_uri(&st.path, &offset, "")?);
+            let uri = ep.target.read_uri(&st.path, &offset, "")?;
+            let req = || ep.get(uri.clone());
             let resp = match tokio::time::timeout(REQUEST_TIMEOUT, conn.send(req)).await {
                 Ok(Ok(resp)) => resp,
                 Ok(Err(e)) => {

@@ -159,11 +159,13 @@ pub fn dir_size(data_dir: &Path) -> DirSize {
 pub async fn fetch_metrics(conn: &mut Conn) -> Option<BTreeMap<String, u64>> {
     let ep = conn.endpoint().clone();
     let uri = path_uri(&format!("{}/__ursula/metrics", ep.target.prefix)).ok()?;
-    let (parts, body) =
-        tokio::time::timeout(Duration::from_secs(10), conn.send_collect(ep.get(uri)))
-            .await
-            .ok()?
-            .ok()?;
+    let (parts, body) = tokio::time::timeout(
+        Duration::from_secs(10),
+        conn.send_collect(|| ep.get(uri.clone())),
+    )
+    .await
+    .ok()?
+    .ok()?;
     if !parts.status.is_success() {
         return None;
     }
