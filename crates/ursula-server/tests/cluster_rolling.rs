@@ -275,3 +275,37 @@ fn a_separate_cluster_listener_carries_the_raft_rpcs() {
     let r = common::request(c.nodes[lead].addr(), "GET", "/clus/s?offset=-1", &[], b"");
     assert_eq!(r.text(), "hello", "{}", r.describe());
 }
+
+/// A node whose peers are frozen (SIGSTOP: their ports still accept connections, nothing
+/// answers) cannot hand its leaderships to anyone: a SIGTERM stops it promptly instead of
+/// waiting out the hand-over's 5 s bound.
+#[test]
+fn sigterm_beside_frozen_peers_does_not_wait_for_a_hand_over() {
+    let mut c = Cluster::start(ClusterSpec::new(3));
+    c.wait_ready();
+    let lead = c.group_leader(0);
+    for i in (0..3).filter(|&i| i != lead) {
+        c.nodes[i].sigstop();
+    }
+    // Past the followers' lease: the leader has not heard from a quorum for longer.
+    assert!(wait_until(T, || {
+        c.nodes[lead]
+            .prometheus()
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    l.strip_prefix("ursula_raft_group_quorum_ack_age_ms{group=\"0\"} ")
+                        .map(str::to_owned)
+                })
+            })
+            .is_some_and(|v| v.trim().parse::<u64>().is_ok_and(|ms| ms > 1_000))
+    }));
+    let started = Instant::now();
+    let exited = c.nodes[lead].sigterm(Duration::from_secs(10));
+    let took = started.elapsed();
+    assert!(exited.is_some_and(|s| s.success()), "{exited:?}");
+    // Measured: 12 ms; 2.6 s when it tried each frozen peer in turn.
+    assert!(took < Duration::from_millis(1500), "SIGTERM took {took:?}");
+    for i in (0..3).filter(|&i| i != lead) {
+        c.nodes[i].sigcont();
+    }
+}

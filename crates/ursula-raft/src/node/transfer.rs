@@ -359,7 +359,23 @@ impl Node {
     /// that accepts; waits at most `timeout` in total. Returns the groups still led.
     pub async fn shed_leaderships(&self, timeout: Duration) -> Vec<u32> {
         let deadline = Instant::now() + timeout;
-        let led = self.led_groups();
+        let lease = self.timing.election_max_ms;
+        // A group that has not heard from a quorum for a lease cannot elect anyone else (the
+        // peers are down or cut off): waiting for a hand-over would only delay a shutdown.
+        let led: Vec<u32> = self
+            .led_groups()
+            .into_iter()
+            .filter(|&g| {
+                let silent = self
+                    .group_metrics(g)
+                    .since_quorum_ack_ms
+                    .is_none_or(|ms| ms > lease);
+                if silent {
+                    tracing::info!(group = g, "no quorum heard from lately: not handing over");
+                }
+                !silent
+            })
+            .collect();
         let moves = led.iter().map(|&group| async move {
             let mut refused = Vec::new();
             while let Some(target) = self.transfer_target(group, &refused) {
