@@ -214,6 +214,12 @@ async fn connection_loop(
                 {
                     seqs[s] = exp;
                 }
+                // A cluster electing a leader answers 503 (Retry-After: 1): pause briefly
+                // instead of spinning on the nodes that are electing, but less than the
+                // second a polite client waits, so the run measures the recovery.
+                if parts.status == StatusCode::SERVICE_UNAVAILABLE {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
             }
             Ok(Err(e)) => {
                 if measured {
