@@ -109,7 +109,7 @@ pub use identity::FORMAT_VERSION;
 pub use listener::ApplyListener;
 pub use log_store::LogStore;
 pub use metrics::GroupMetrics;
-pub use network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError};
+pub use network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError, send_each};
 pub use node::{
     AllowError, Allowed, Node, NodeConfig, RaftTiming, ShedState, StallClock, StallWatch,
     TransferError, observe_stall, shed, stalled_for,

@@ -65,19 +65,29 @@ pub trait Transport: Send + Sync + 'static {
         timeout: Duration,
         on_answer: &'a mut OnAnswer<'a>,
     ) -> BatchFuture<'a> {
-        Box::pin(async move {
-            use futures::StreamExt;
-            let mut calls: futures::stream::FuturesUnordered<_> = frames
-                .into_iter()
-                .enumerate()
-                .map(|(i, f)| async move { (i, self.send(target, f, timeout).await) })
-                .collect();
-            while let Some((i, answer)) = calls.next().await {
-                on_answer(i, answer);
-            }
-            Ok(())
-        })
+        Box::pin(send_each(self, target, frames, timeout, on_answer))
     }
+}
+
+/// Sends each of `frames` as an RPC of its own, all at once, handing each answer to
+/// `on_answer` as it comes (what a transport without batches does with a batch).
+pub async fn send_each<T: Transport + ?Sized>(
+    transport: &T,
+    target: NodeId,
+    frames: Vec<Vec<u8>>,
+    timeout: Duration,
+    on_answer: &mut OnAnswer<'_>,
+) -> Result<(), TransportError> {
+    use futures::StreamExt;
+    let mut calls: futures::stream::FuturesUnordered<_> = frames
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| async move { (i, transport.send(target, f, timeout).await) })
+        .collect();
+    while let Some((i, answer)) = calls.next().await {
+        on_answer(i, answer);
+    }
+    Ok(())
 }
 
 /// The network factory of one group.

@@ -31,7 +31,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use ursula_raft::batch_wire::{self, AnswerReader};
-use ursula_raft::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError};
+use ursula_raft::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError, send_each};
 
 use crate::app::App;
 
@@ -155,7 +155,7 @@ impl Transport for HttpTransport {
                 .get(&target)
                 .ok_or_else(|| TransportError::Unreachable(target, "not a peer".into()))?;
             if peer.no_batches.load(Ordering::Relaxed) {
-                return one_by_one(self, target, frames, timeout, on_answer).await;
+                return send_each(self, target, frames, timeout, on_answer).await;
             }
             let req = raft_request(&peer.batch_uri, batch_wire::encode_batch(&frames))
                 .map_err(|e| TransportError::Failed(target, e.to_string()))?;
@@ -166,7 +166,7 @@ impl Transport for HttpTransport {
                     // Nothing was handled: send the frames the old way.
                     tracing::info!(peer = target, "peer does not take batched raft rpcs");
                     peer.no_batches.store(true, Ordering::Relaxed);
-                    return one_by_one(self, target, frames, timeout, on_answer).await;
+                    return send_each(self, target, frames, timeout, on_answer).await;
                 }
                 let mut body = resp.into_body();
                 if status != StatusCode::OK {
@@ -203,26 +203,6 @@ impl Transport for HttpTransport {
     }
 }
 
-/// Each frame of a batch as an RPC of its own, all at once (a peer without batches).
-async fn one_by_one(
-    transport: &HttpTransport,
-    target: u64,
-    frames: Vec<Vec<u8>>,
-    timeout: Duration,
-    on_answer: &mut OnAnswer<'_>,
-) -> Result<(), TransportError> {
-    use futures::StreamExt;
-    let mut calls: futures::stream::FuturesUnordered<_> = frames
-        .into_iter()
-        .enumerate()
-        .map(|(i, f)| async move { (i, transport.send(target, f, timeout).await) })
-        .collect();
-    while let Some((i, answer)) = calls.next().await {
-        on_answer(i, answer);
-    }
-    Ok(())
-}
-
 fn plain(status: StatusCode, text: String) -> Response<Body> {
     let mut r = Response::new(Body::from(text));
     *r.status_mut() = status;
@@ -246,26 +226,15 @@ pub async fn serve_raft(app: &Arc<App>, req: Request<Body>) -> Response<Body> {
 /// `POST /__ursula/raft/v1/batch`: a batch of Raft RPCs from a peer; the body streams each
 /// answer as it is ready.
 async fn serve_batch(app: &Arc<App>, req: Request<Body>) -> Response<Body> {
-    if req.method() != http::Method::POST {
-        return plain(StatusCode::METHOD_NOT_ALLOWED, "POST only".into());
-    }
-    if !app.node.has_peers() {
-        return plain(StatusCode::NOT_FOUND, "this node has no peers".into());
-    }
-    let body = match Limited::new(req.into_body(), MAX_RPC_BYTES).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return plain(StatusCode::BAD_REQUEST, format!("rpc body: {e}")),
+    let body = match rpc_body(app, req).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     match Arc::clone(&app.node).handle_batch(body) {
         Ok(answers) => {
             use futures::StreamExt;
             let answers = answers.map(|a| Ok::<_, std::convert::Infallible>(Bytes::from(a)));
-            let mut r = Response::new(Body::from_stream(answers));
-            r.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-ursula-raft"),
-            );
-            r
+            raft_answer(Body::from_stream(answers))
         }
         Err(e) => plain(StatusCode::BAD_REQUEST, e),
     }
@@ -273,25 +242,105 @@ async fn serve_batch(app: &Arc<App>, req: Request<Body>) -> Response<Body> {
 
 /// `POST /__ursula/raft/v1`: one Raft RPC from a peer.
 async fn serve_rpc(app: &Arc<App>, req: Request<Body>) -> Response<Body> {
-    if req.method() != http::Method::POST {
-        return plain(StatusCode::METHOD_NOT_ALLOWED, "POST only".into());
-    }
-    if !app.node.has_peers() {
-        return plain(StatusCode::NOT_FOUND, "this node has no peers".into());
-    }
-    let body = match Limited::new(req.into_body(), MAX_RPC_BYTES).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return plain(StatusCode::BAD_REQUEST, format!("rpc body: {e}")),
+    let body = match rpc_body(app, req).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     match app.node.handle_rpc(&body).await {
-        Ok(answer) => {
-            let mut r = Response::new(Body::from(answer));
-            r.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/x-ursula-raft"),
-            );
-            r
-        }
+        Ok(answer) => raft_answer(Body::from(answer)),
         Err(e) => plain(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+/// The body of a Raft RPC request, or the answer that refuses it.
+async fn rpc_body(app: &App, req: Request<Body>) -> Result<Bytes, Response<Body>> {
+    if req.method() != http::Method::POST {
+        return Err(plain(StatusCode::METHOD_NOT_ALLOWED, "POST only".into()));
+    }
+    if !app.node.has_peers() {
+        return Err(plain(
+            StatusCode::NOT_FOUND,
+            "this node has no peers".into(),
+        ));
+    }
+    match Limited::new(req.into_body(), MAX_RPC_BYTES).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(plain(StatusCode::BAD_REQUEST, format!("rpc body: {e}"))),
+    }
+}
+
+fn raft_answer(body: Body) -> Response<Body> {
+    let mut r = Response::new(body);
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ursula-raft"),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A peer of an older version: the batch path is unknown (404), single RPCs are echoed.
+    async fn old_peer(singles: Arc<AtomicUsize>) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let singles = Arc::clone(&singles);
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let singles = Arc::clone(&singles);
+                        async move {
+                            let path = req.uri().path().to_owned();
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let mut r = Response::new(Full::new(body));
+                            if path == RAFT_PATH {
+                                singles.fetch_add(1, Ordering::SeqCst);
+                            } else {
+                                // Batch attempts count in the thousands.
+                                singles.fetch_add(1000, Ordering::SeqCst);
+                                *r.status_mut() = StatusCode::NOT_FOUND;
+                            }
+                            Ok::<_, std::convert::Infallible>(r)
+                        }
+                    });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                );
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_peer_without_batches_gets_each_frame_on_its_own() {
+        let singles = Arc::new(AtomicUsize::new(0));
+        let url = old_peer(Arc::clone(&singles)).await;
+        let t = HttpTransport::new(1, &BTreeMap::from([(1, String::new()), (2, url)])).unwrap();
+        let frames = vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()];
+        for round in 0..2 {
+            let mut got = vec![None; frames.len()];
+            let mut on_answer = |i: usize, a: Result<Vec<u8>, TransportError>| {
+                got[i] = Some(a.unwrap());
+            };
+            let sent = t
+                .send_batch(2, frames.clone(), Duration::from_secs(5), &mut on_answer)
+                .await;
+            sent.unwrap();
+            let got: Vec<Vec<u8>> = got.into_iter().map(Option::unwrap).collect();
+            assert_eq!(got, frames, "round {round}");
+        }
+        // One batch attempt; both rounds' frames went one by one, the second round's
+        // without trying the batch path again.
+        assert_eq!(singles.load(Ordering::SeqCst), 1006);
+        assert!(t.peers[&2].no_batches.load(Ordering::Relaxed));
     }
 }
