@@ -148,6 +148,31 @@ impl Transport for Coalescer {
     }
 }
 
+/// The frames a worker is gathering into one request.
+#[derive(Default)]
+struct Pending {
+    items: Vec<Item>,
+    bytes: usize,
+    /// When to send, if every frame so far may linger; `None`: send now.
+    until: Option<Instant>,
+}
+
+impl Pending {
+    fn push(&mut self, item: Item, linger: Duration) {
+        if self.items.is_empty() && item.linger {
+            self.until = Some(Instant::now() + linger);
+        } else if !item.linger {
+            self.until = None;
+        }
+        self.bytes += item.frame.len();
+        self.items.push(item);
+    }
+
+    fn full(&self) -> bool {
+        self.items.len() >= MAX_BATCH_FRAMES || self.bytes >= MAX_BATCH_BYTES
+    }
+}
+
 struct Worker {
     inner: Arc<dyn Transport>,
     target: NodeId,
@@ -159,36 +184,25 @@ struct Worker {
 impl Worker {
     async fn run(self, mut queue: mpsc::UnboundedReceiver<Item>) {
         while let Some(first) = queue.recv().await {
-            let mut until = first.linger.then(|| Instant::now() + self.linger);
-            let mut bytes = first.frame.len();
-            let mut items = vec![first];
+            let mut batch = Pending::default();
+            batch.push(first, self.linger);
             loop {
-                while items.len() < MAX_BATCH_FRAMES && bytes < MAX_BATCH_BYTES {
+                while !batch.full() {
                     let Ok(item) = queue.try_recv() else { break };
-                    if !item.linger {
-                        until = None;
-                    }
-                    bytes += item.frame.len();
-                    items.push(item);
+                    batch.push(item, self.linger);
                 }
-                let full = items.len() >= MAX_BATCH_FRAMES || bytes >= MAX_BATCH_BYTES;
-                let Some(deadline) = until.filter(|_| !full) else {
+                let Some(deadline) = batch.until.filter(|_| !batch.full()) else {
                     break;
                 };
                 tokio::select! {
                     item = queue.recv() => match item {
-                        Some(item) => {
-                            if !item.linger {
-                                until = None;
-                            }
-                            bytes += item.frame.len();
-                            items.push(item);
-                        }
+                        Some(item) => batch.push(item, self.linger),
                         None => break,
                     },
                     _ = tokio::time::sleep_until(deadline) => break,
                 }
             }
+            let items = batch.items;
             let Ok(slot) = Arc::clone(&self.slots).acquire_owned().await else {
                 return;
             };

@@ -153,21 +153,28 @@ impl Inner {
     }
 }
 
+impl TestTransport {
+    /// The way out: the link's delay, then the target node, unless the link is cut, the
+    /// request is lost or the node is not running.
+    async fn reach(&self, target: NodeId) -> Result<Arc<Node>, TransportError> {
+        let (lost, delay) = self.inner.fate(self.from, target);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if lost {
+            return Err(TransportError::Unreachable(target, "link down".into()));
+        }
+        self.inner
+            .node(target)
+            .ok_or_else(|| TransportError::Unreachable(target, "not running".into()))
+    }
+}
+
 impl Transport for TestTransport {
     fn send(&self, target: NodeId, frame: Vec<u8>, timeout: Duration) -> RpcFuture<'_> {
         Box::pin(async move {
             let work = async {
-                let (lost, delay) = self.inner.fate(self.from, target);
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
-                if lost {
-                    return Err(TransportError::Unreachable(target, "link down".into()));
-                }
-                let node = self
-                    .inner
-                    .node(target)
-                    .ok_or_else(|| TransportError::Unreachable(target, "not running".into()))?;
+                let node = self.reach(target).await?;
                 let answer = node
                     .handle_rpc(&frame)
                     .await
@@ -197,17 +204,7 @@ impl Transport for TestTransport {
     ) -> BatchFuture<'a> {
         Box::pin(async move {
             let work = async {
-                let (lost, delay) = self.inner.fate(self.from, target);
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
-                if lost {
-                    return Err(TransportError::Unreachable(target, "link down".into()));
-                }
-                let node = self
-                    .inner
-                    .node(target)
-                    .ok_or_else(|| TransportError::Unreachable(target, "not running".into()))?;
+                let node = self.reach(target).await?;
                 let batch = bytes::Bytes::from(batch_wire::encode_batch(&frames));
                 let answers = node
                     .handle_batch(batch)
