@@ -14,7 +14,18 @@ use std::time::{Duration, Instant};
 
 const OCTET: &str = "application/octet-stream";
 const CHUNK: usize = 512 * 1024;
-const CHUNKS: usize = 32;
+
+/// A body longer than anything the server can have sent ahead of a client that stopped
+/// reading: the kernel's largest send buffer (`tcp_wmem`, which autotuning may reach and which
+/// differs between machines) twice over, plus a margin for the pieces hyper holds. At least
+/// 16 MiB.
+fn body_len() -> usize {
+    let wmem_max = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(2)?.parse::<usize>().ok())
+        .unwrap_or(4 << 20);
+    (2 * wmem_max + (8 << 20)).max(16 << 20).div_ceil(CHUNK) * CHUNK
+}
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
@@ -48,7 +59,8 @@ fn a_streamed_body_never_continues_with_a_recreated_streams_bytes() {
         &tmp.path().join("data"),
         &["--config", cfg.to_str().unwrap(), "--group-count", "1"],
     );
-    let old = pattern(1, CHUNK * CHUNKS);
+    let len = body_len();
+    let old = pattern(1, len);
     fill(&s, "/srbk/s", &old);
     assert!(
         wait_until(Duration::from_secs(30), || metric(&s, "hot_bytes") == 0),
@@ -81,12 +93,25 @@ fn a_streamed_body_never_continues_with_a_recreated_streams_bytes() {
 
     // The stream goes, GC deletes its objects, and a stream of the same name takes its place.
     assert_eq!(s.delete("/srbk/s").status, 204);
+    // `cold_objects` drops when the delete applies; the objects are gone from the store once
+    // GC has emptied its queue.
     assert!(
-        wait_until(Duration::from_secs(30), || metric(&s, "cold_objects") == 0),
+        wait_until(Duration::from_secs(30), || {
+            let m = s.metrics();
+            m["cold_objects"].as_u64() == Some(0) && m["cold_gc_queued_objects"].as_u64() == Some(0)
+        }),
         "GC left objects: {}",
         s.metrics()
     );
-    let new = pattern(2, CHUNK * CHUNKS);
+    // The scenario needs a body the server had not finished fetching when its objects went.
+    let fetched = metric(&s, "cold_read_bytes_total");
+    assert!(
+        fetched < old.len() as u64,
+        "the server fetched all {fetched} bytes before the delete: socket buffers hold more \
+         than the {} byte body",
+        old.len()
+    );
+    let new = pattern(2, len);
     fill(&s, "/srbk/s", &new);
 
     // The rest of the body: a prefix of the old stream's bytes, cut short where they went.
