@@ -10,6 +10,13 @@ cd "$ROOT"
 
 step() { printf '\n==> %s\n' "$*"; }
 
+# The suite builds the release profile without its thin LTO and with line tables only: every
+# integration-test file is its own binary, and LTO-linking each of them was over half of CI's
+# time. LTO changes no behaviour; the shipped and benchmarked build (plain `cargo build
+# --release`) keeps it. Set these variables to override.
+export CARGO_PROFILE_RELEASE_LTO=${CARGO_PROFILE_RELEASE_LTO:-false}
+export CARGO_PROFILE_RELEASE_DEBUG=${CARGO_PROFILE_RELEASE_DEBUG:-line-tables-only}
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
