@@ -72,14 +72,15 @@ impl BlockCache {
     }
 }
 
-/// Reads payload `[start, end)` of an object from the store, checked.
+/// Reads payload `[start, end)` of an object from the store, checked: slices of the fetched
+/// bytes, one per chunk block, appended to `out` (no copy; nothing appended on an error).
 async fn read_checked(
     store: &dyn ColdStore,
     key: &ObjectKey,
     layout: ChunkLayout,
-    start: u64,
-    end: u64,
-) -> Result<Vec<u8>, ReadError> {
+    (start, end): (u64, u64),
+    out: &mut Vec<Bytes>,
+) -> Result<(), ReadError> {
     let range = layout
         .object_range(start, end - start)
         .map_err(ReadError::Corrupt)?;
@@ -87,30 +88,28 @@ async fn read_checked(
         .get_range(key, range)
         .await
         .map_err(ReadError::Store)?;
-    let mut out = Vec::with_capacity((end - start) as usize);
     layout
-        .extract(&fetched, start, end - start, &mut out)
-        .map_err(ReadError::Corrupt)?;
-    Ok(out)
+        .extract(&fetched, start, end - start, out)
+        .map_err(ReadError::Corrupt)
 }
 
-/// Appends payload `[pos, pos + len)` of `object` (of `object_len` payload bytes, in
-/// `group`) to `out`, through `cache` when there is one.
+/// Appends the bytes of payload `[pos, pos + len)` of `object` (of `object_len` payload
+/// bytes, in `group`) to `out`, through `cache` when there is one. The pieces share the
+/// fetched or cached buffers: nothing is copied here.
 pub async fn read(
     store: &dyn ColdStore,
     cache: Option<&BlockCache>,
     key: &ObjectKey,
     (group, object): (u32, ObjectId),
     (pos, len, object_len): (u64, u64, u64),
-    out: &mut Vec<u8>,
+    out: &mut Vec<Bytes>,
 ) -> Result<(), ReadError> {
     let layout = ChunkLayout::new(object_len);
     let end = pos + len;
     let Some(c) = cache else {
-        let bytes = read_checked(store, key, layout, pos, end).await?;
-        out.extend_from_slice(&bytes);
-        return Ok(());
+        return read_checked(store, key, layout, (pos, end), out).await;
     };
+    let mark = out.len();
     let last_block = (object_len.max(1) - 1) / c.block;
     let mut b = pos / c.block;
     while b * c.block < end {
@@ -126,7 +125,14 @@ pub async fn read(
                 let upto = needed.max(b + c.readahead - 1).min(last_block);
                 let start = b * c.block;
                 let stop = ((upto + 1) * c.block).min(object_len);
-                let run = Bytes::from(read_checked(store, key, layout, start, stop).await?);
+                let mut pieces = Vec::new();
+                if let Err(e) = read_checked(store, key, layout, (start, stop), &mut pieces).await {
+                    out.truncate(mark);
+                    return Err(e);
+                }
+                // One contiguous buffer per run, so that a cache entry's weight is the memory
+                // it holds (a slice of the fetched bytes would keep the whole fetch alive).
+                let run = Bytes::from(pieces.concat());
                 for (i, at) in (start..stop).step_by(c.block as usize).enumerate() {
                     let lo = (at - start) as usize;
                     let hi = ((at + c.block).min(stop) - start) as usize;
@@ -140,7 +146,7 @@ pub async fn read(
         let block_start = b * c.block;
         let lo = (pos.max(block_start) - block_start) as usize;
         let hi = (end.min(block_start + block.len() as u64) - block_start) as usize;
-        out.extend_from_slice(&block[lo..hi]);
+        out.push(block.slice(lo..hi));
         b += 1;
     }
     Ok(())
@@ -192,7 +198,10 @@ mod tests {
             read(&store, Some(&cache), &key, id, (at, len, n), &mut out)
                 .await
                 .unwrap();
-            assert!(out[..] == p[at as usize..(at + len) as usize], "at {at}");
+            assert!(
+                out.concat() == p[at as usize..(at + len) as usize],
+                "at {at}"
+            );
             at += len;
         }
         let gets = store.faults().calls(Op::GetRange);
@@ -202,7 +211,7 @@ mod tests {
         read(&store, Some(&cache), &key, id, (0, n, n), &mut out)
             .await
             .unwrap();
-        assert!(out == p);
+        assert!(out.concat() == p);
         assert_eq!(store.faults().calls(Op::GetRange), gets);
         assert!(cache.weight() <= 64 << 20);
     }
@@ -221,6 +230,6 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(out, p[70_000..70_005]);
+        assert_eq!(out.concat(), p[70_000..70_005]);
     }
 }

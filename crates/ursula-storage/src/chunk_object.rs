@@ -10,6 +10,7 @@
 //! whole-object read (a copy, a compaction, a scrub) check everything at once.
 
 use crate::cold::object::{HEADER_LEN, ObjectWriter, magic};
+use bytes::Bytes;
 use std::fmt;
 use std::ops::Range;
 
@@ -83,13 +84,14 @@ impl ChunkLayout {
     }
 
     /// Checks the blocks fetched for [`ChunkLayout::object_range`]`(pos, len)` and appends
-    /// payload `[pos, pos + len)` to `out`.
+    /// payload `[pos, pos + len)` to `out` as slices of `fetched` (one per block touched, no
+    /// copy).
     pub fn extract(
         &self,
-        fetched: &[u8],
+        fetched: &Bytes,
         pos: u64,
         len: u64,
-        out: &mut Vec<u8>,
+        out: &mut Vec<Bytes>,
     ) -> Result<(), ChunkError> {
         let range = self.object_range(pos, len)?;
         let expected = range.end - range.start;
@@ -99,22 +101,24 @@ impl ChunkLayout {
                 got: fetched.len() as u64,
             });
         }
+        let mark = out.len();
         let mut block = pos / BLOCK_SIZE;
-        let mut rest = fetched;
+        let mut at = 0usize;
         let end = pos + len;
-        while !rest.is_empty() {
+        while at < fetched.len() {
             let start = block * BLOCK_SIZE;
             let n = (self.payload_len - start).min(BLOCK_SIZE) as usize;
-            let (data, tail) = rest.split_at(n.min(rest.len()));
-            let (crc, tail) = tail.split_at((CRC_LEN as usize).min(tail.len()));
-            let want = <[u8; 4]>::try_from(crc).map(u32::from_le_bytes).ok();
-            if data.len() != n || want != Some(crc32c::crc32c(data)) {
+            let data = fetched.get(at..at + n);
+            let crc = fetched.get(at + n..at + n + CRC_LEN as usize);
+            let want = crc.and_then(|c| <[u8; 4]>::try_from(c).ok().map(u32::from_le_bytes));
+            if data.is_none_or(|d| want != Some(crc32c::crc32c(d))) {
+                out.truncate(mark);
                 return Err(ChunkError::BadBlock { block });
             }
             let lo = (pos.max(start) - start) as usize;
             let hi = (end.min(start + n as u64) - start) as usize;
-            out.extend_from_slice(&data[lo..hi]);
-            rest = tail;
+            out.push(fetched.slice(at + lo..at + hi));
+            at += n + CRC_LEN as usize;
             block += 1;
         }
         Ok(())
@@ -237,8 +241,10 @@ mod tests {
             let len = 1 + b % (n as u64 - pos);
             let r = layout.object_range(pos, len).unwrap();
             let mut out = Vec::new();
-            layout.extract(&obj[r.start as usize..r.end as usize], pos, len, &mut out).unwrap();
-            prop_assert_eq!(&out[..], &payload[pos as usize..(pos + len) as usize]);
+            let fetched = Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize]);
+            layout.extract(&fetched, pos, len, &mut out).unwrap();
+            prop_assert!(out.iter().all(|b| !b.is_empty() && b.len() as u64 <= BLOCK_SIZE));
+            prop_assert_eq!(&out.concat()[..], &payload[pos as usize..(pos + len) as usize]);
         }
 
         #[test]
@@ -251,8 +257,10 @@ mod tests {
             let r = layout.object_range(0, n as u64).unwrap();
             let at = r.start + flip % (r.end - r.start);
             obj[at as usize] ^= 0x40;
-            let fetched = &obj[r.start as usize..r.end as usize];
-            prop_assert!(layout.extract(fetched, 0, n as u64, &mut Vec::new()).is_err());
+            let fetched = Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize]);
+            let mut out = vec![Bytes::from_static(b"kept")];
+            prop_assert!(layout.extract(&fetched, 0, n as u64, &mut out).is_err());
+            prop_assert_eq!(out, vec![Bytes::from_static(b"kept")]);
             prop_assert!(object::decode(magic::CHUNK, &[CHUNK_VERSION], &obj).is_err());
         }
     }
@@ -267,9 +275,9 @@ mod tests {
         ));
         assert!(layout.object_range(0, 0).is_err());
         let r = layout.object_range(1000, 100).unwrap();
-        let short = &obj[r.start as usize..r.end as usize - 1];
+        let short = Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize - 1]);
         assert!(matches!(
-            layout.extract(short, 1000, 100, &mut Vec::new()),
+            layout.extract(&short, 1000, 100, &mut Vec::new()),
             Err(ChunkError::Short { .. })
         ));
     }

@@ -51,7 +51,8 @@ const MAX_BATCH_BYTES: usize = 8 << 20;
 /// record limit.
 const MAX_COMMAND_BYTES: usize = ursula_storage::MAX_PAYLOAD_LEN / 4;
 /// Batches of one group submitted to openraft and not yet answered. One is enough: the next
-/// batch gathers everything queued while the current one is being made durable.
+/// batch gathers everything queued while the current one is being made durable. (The batcher
+/// answers a batch before it submits the next, so more would need it to await them apart.)
 const MAX_INFLIGHT_BATCHES: usize = 1;
 /// Proposals queued per group before `propose` waits (back-pressure).
 const QUEUE_CAPACITY: usize = 16 * 1024;

@@ -32,6 +32,10 @@ pub struct Pieces {
     pos: u64,
     end: u64,
     plan: VecDeque<(u32, Piece)>,
+    /// Fetched cold bytes not yet handed out (one fetch yields a slice per chunk block);
+    /// `pos` is already past them.
+    ready: VecDeque<Bytes>,
+    ready_len: u64,
     replans: u32,
     /// The incarnation of `key` the read is of: a re-plan never reads another one.
     incarnation: Option<Incarnation>,
@@ -50,6 +54,8 @@ impl Pieces {
         let (pieces, incarnation) = plan(app, key, Some(incarnation), start, end)?;
         Ok(Pieces {
             plan: pieces.into(),
+            ready: VecDeque::new(),
+            ready_len: 0,
             app: app.clone(),
             key: key.clone(),
             pos: start,
@@ -61,18 +67,27 @@ impl Pieces {
 
     /// Bytes not yet handed out.
     pub fn remaining(&self) -> u64 {
-        self.end - self.pos
+        self.end - self.pos + self.ready_len
     }
 
-    /// Whether every remaining piece is hot (so [`Pieces::next`] cannot fail).
+    /// Whether every remaining piece is hot or fetched (so [`Pieces::next`] cannot fail).
     pub fn all_hot(&self) -> bool {
         self.plan.iter().all(|(_, p)| matches!(p, Piece::Hot(_)))
+    }
+
+    fn take_ready(&mut self) -> Option<Bytes> {
+        let b = self.ready.pop_front()?;
+        self.ready_len -= b.len() as u64;
+        Some(b)
     }
 
     /// The next bytes, `None` at the end. A cold object deleted since the plan was made (GC
     /// after a retention advance or a delete) makes the rest of the read plan again, which
     /// answers `410` if the bytes are gone; missing again on fresh plans is a lost object.
     pub async fn next(&mut self) -> Result<Option<Bytes>, ApiError> {
+        if let Some(b) = self.take_ready() {
+            return Ok(Some(b));
+        }
         while self.pos < self.end {
             let Some((group, piece)) = self.plan.pop_front() else {
                 return Err(ApiError::new(
@@ -95,7 +110,7 @@ impl Pieces {
             };
             let take = len.min(FETCH_PIECE);
             match self.fetch(group, object, (pos, take, object_len)).await {
-                Ok(bytes) => {
+                Ok(pieces) => {
                     if take < len {
                         let rest = Piece::Cold {
                             object,
@@ -106,7 +121,11 @@ impl Pieces {
                         self.plan.push_front((group, rest));
                     }
                     self.pos += take;
-                    return Ok(Some(bytes));
+                    self.ready_len = take;
+                    self.ready = pieces.into();
+                    if let Some(b) = self.take_ready() {
+                        return Ok(Some(b));
+                    }
                 }
                 Err(FetchError::Missing) if self.replans < REPLANS => {
                     self.replans += 1;
@@ -136,7 +155,7 @@ impl Pieces {
         group: u32,
         object: ursula_core::cold::ObjectId,
         range: (u64, u64, u64),
-    ) -> Result<Bytes, FetchError> {
+    ) -> Result<Vec<Bytes>, FetchError> {
         let Some(t) = &self.app.tiering else {
             return Err(FetchError::Failed(ApiError::new(
                 ErrorCode::INTERNAL_ERROR,
@@ -144,9 +163,9 @@ impl Pieces {
             )));
         };
         let namespace = self.app.with_group(group, |g| g.cold.namespace);
-        let mut out = Vec::with_capacity(range.1 as usize);
+        let mut out = Vec::new();
         t.fetch((namespace, group), object, range, &mut out).await?;
-        Ok(Bytes::from(out))
+        Ok(out)
     }
 
     /// Drains the rest into `out`.

@@ -22,6 +22,7 @@ use crate::app::App;
 use crate::cold_read;
 use crate::http::error::ApiError;
 use crate::metrics::inc;
+use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -320,7 +321,8 @@ impl Tiering {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
-    /// Appends the bytes of one cold piece to `out`, checked block by block. A missing
+    /// Appends the bytes of one cold piece to `out` (as slices of the fetched or cached
+    /// buffers), checked block by block. A missing
     /// object is [`FetchError::Missing`] (GC may have deleted it after the read was planned:
     /// the caller plans again) and does not count against the store's health.
     pub async fn fetch(
@@ -328,7 +330,7 @@ impl Tiering {
         (namespace, group): (u64, u32),
         object: ObjectId,
         (pos, len, object_len): (u64, u64, u64),
-        out: &mut Vec<u8>,
+        out: &mut Vec<Bytes>,
     ) -> Result<(), FetchError> {
         let key =
             chunk_key(namespace, group, object).map_err(|e| FetchError::Failed(cold_failed(&e)))?;
