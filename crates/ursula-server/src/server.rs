@@ -45,7 +45,8 @@ pub async fn run<H, F>(
         let io = JsonParseErrors::new(stream, armed.clone());
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             armed.disarm();
-            let fut = handler(app.clone(), req.map(Body::new));
+            // Boxed once here, so that hyper moves a pointer, not the handler's state.
+            let fut = Box::pin(handler(app.clone(), req.map(Body::new)));
             let armed = armed.clone();
             async move {
                 let resp = fut.await;

@@ -127,7 +127,7 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     let Some(f) = fork else {
         let reply = if crate::external::wanted(app, cr.payload.len()) {
             let payload = std::mem::take(&mut cr.payload);
-            crate::external::create(app, cr, payload, request_json).await?
+            Box::pin(crate::external::create(app, cr, payload, request_json)).await?
         } else {
             app.propose(group, Op::Create(Box::new(cr))).await?
         };
@@ -289,7 +289,7 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     };
     let reply = if external {
         let payload = std::mem::take(&mut req.payload);
-        crate::external::append(app, req, payload, is_json).await?
+        Box::pin(crate::external::append(app, req, payload, is_json)).await?
     } else {
         app.propose(app.group_of(&target.key), Op::Append(Box::new(req)))
             .await?
