@@ -90,7 +90,7 @@ fn smoke_spawned(
     smoke_args.server_pid = Some(server.pid);
     let result = rt.block_on(async {
         let ep = Endpoint::resolve(target.target()?).await?;
-        smoke::run(ep, &smoke_args, cli.quiet).await
+        Box::pin(smoke::run(ep, &smoke_args, cli.quiet)).await
     });
     let log = server.log_tail();
     server.stop()?;
@@ -127,7 +127,7 @@ async fn async_main(cli: Cli) -> Result<ExitCode> {
         Command::Longpoll(a) => emit!(longpoll::run(ep, a).await?),
         Command::Idle(a) => emit!(idle::run(ep, a).await?),
         Command::Create(a) => emit!(create::run(ep, a).await?),
-        Command::Mixed(a) => emit!(mixed::run(ep, a).await?),
+        Command::Mixed(a) => emit!(Box::pin(mixed::run(ep, a)).await?),
         Command::ColdSoak(a) => {
             let rep = cold_soak::run(ep, a, quiet).await?;
             let ok = rep.problems().is_empty();
@@ -137,7 +137,7 @@ async fn async_main(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Smoke(a) => {
-            if !smoke::run(ep, a, quiet).await? {
+            if !Box::pin(smoke::run(ep, a, quiet)).await? {
                 return Ok(ExitCode::FAILURE);
             }
         }
