@@ -190,16 +190,20 @@ fn run_one(
                 .map(|x| (d.key.to_owned(), x))
         })
         .collect();
-    let errors: f64 = v
+    let by_status: Vec<(String, f64)> = v
         .get("errors")
         .and_then(|e| e.as_object())
-        .map_or(0.0, |o| {
-            // fold from +0.0: an empty f64 sum is -0.0
-            o.values()
-                .filter_map(|x| x.as_f64())
-                .fold(0.0, |a, b| a + b)
-        });
+        .map(|o| {
+            o.iter()
+                .filter_map(|(status, n)| Some((format!("errors_{status}"), n.as_f64()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    // fold from +0.0: an empty f64 sum is -0.0
+    let errors = by_status.iter().map(|(_, n)| n).fold(0.0, |a, b| a + b);
     values.push(("errors".to_owned(), errors));
+    // Each status (or transport error) too, kept in the final JSON's samples.
+    values.extend(by_status);
     Ok(values)
 }
 
