@@ -164,7 +164,15 @@ async fn refusals_and_shedding() {
     let left = c.nodes[&node]
         .shed_leaderships(Duration::from_secs(10))
         .await;
-    assert!(left.is_empty(), "node {node} still leads {left:?}");
+    // (Failed once in CI, 2026-12-02, not reproduced in 11 local runs: the metrics say
+    // whether the hand-over was skipped as "no quorum heard" or a transfer failed.)
+    assert!(
+        left.is_empty(),
+        "node {node} still leads {left:?}: {:?}",
+        left.iter()
+            .map(|&g| c.nodes[&node].group_metrics(g))
+            .collect::<Vec<_>>()
+    );
     let others: Vec<u64> = all.iter().copied().filter(|&x| x != node).collect();
     for g in 0..c.groups {
         let l = c.agreed_leader(g, &all).await;
