@@ -95,7 +95,7 @@ async fn read_checked(
 
 /// Appends the bytes of payload `[pos, pos + len)` of `object` (of `object_len` payload
 /// bytes, in `group`) to `out`, through `cache` when there is one. The pieces share the
-/// fetched or cached buffers: nothing is copied here.
+/// fetched or cached buffers: nothing is copied here. Nothing is appended on an error.
 pub async fn read(
     store: &dyn ColdStore,
     cache: Option<&BlockCache>,
@@ -214,6 +214,32 @@ mod tests {
         assert!(out.concat() == p);
         assert_eq!(store.faults().calls(Op::GetRange), gets);
         assert!(cache.weight() <= 64 << 20);
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_appends_nothing_even_after_cache_hits() {
+        let n = 1 << 20;
+        let (store, key, p) = store_with(n).await;
+        let cache = BlockCache::new(&CacheConfig {
+            max_size: 64 << 20,
+            block_size: 256 * 1024,
+            readahead_blocks: 1,
+        })
+        .unwrap();
+        let (id, n) = ((0, ObjectId(1)), n as u64);
+        let mut out = Vec::new();
+        read(&store, Some(&cache), &key, id, (0, 1000, n), &mut out)
+            .await
+            .unwrap();
+        assert!(out.concat() == p[..1000]);
+        // Block 0 is cached now; block 1 is not, and its fetch fails.
+        store.faults().fail_next(Op::GetRange, 1);
+        let got = read(&store, Some(&cache), &key, id, (0, 300_000, n), &mut out).await;
+        assert!(got.is_err());
+        assert!(
+            out.concat() == p[..1000],
+            "a failed read left pieces behind"
+        );
     }
 
     #[tokio::test]

@@ -35,7 +35,6 @@ pub struct Pieces {
     /// Fetched cold bytes not yet handed out (one fetch yields a slice per chunk block);
     /// `pos` is already past them.
     ready: VecDeque<Bytes>,
-    ready_len: u64,
     replans: u32,
     /// The incarnation of `key` the read is of: a re-plan never reads another one.
     incarnation: Option<Incarnation>,
@@ -55,7 +54,6 @@ impl Pieces {
         Ok(Pieces {
             plan: pieces.into(),
             ready: VecDeque::new(),
-            ready_len: 0,
             app: app.clone(),
             key: key.clone(),
             pos: start,
@@ -67,7 +65,8 @@ impl Pieces {
 
     /// Bytes not yet handed out.
     pub fn remaining(&self) -> u64 {
-        self.end - self.pos + self.ready_len
+        let ready: usize = self.ready.iter().map(Bytes::len).sum();
+        self.end - self.pos + ready as u64
     }
 
     /// Whether every remaining piece is hot or fetched (so [`Pieces::next`] cannot fail).
@@ -75,17 +74,11 @@ impl Pieces {
         self.plan.iter().all(|(_, p)| matches!(p, Piece::Hot(_)))
     }
 
-    fn take_ready(&mut self) -> Option<Bytes> {
-        let b = self.ready.pop_front()?;
-        self.ready_len -= b.len() as u64;
-        Some(b)
-    }
-
     /// The next bytes, `None` at the end. A cold object deleted since the plan was made (GC
     /// after a retention advance or a delete) makes the rest of the read plan again, which
     /// answers `410` if the bytes are gone; missing again on fresh plans is a lost object.
     pub async fn next(&mut self) -> Result<Option<Bytes>, ApiError> {
-        if let Some(b) = self.take_ready() {
+        if let Some(b) = self.ready.pop_front() {
             return Ok(Some(b));
         }
         while self.pos < self.end {
@@ -121,9 +114,8 @@ impl Pieces {
                         self.plan.push_front((group, rest));
                     }
                     self.pos += take;
-                    self.ready_len = take;
                     self.ready = pieces.into();
-                    if let Some(b) = self.take_ready() {
+                    if let Some(b) = self.ready.pop_front() {
                         return Ok(Some(b));
                     }
                 }

@@ -334,7 +334,7 @@ impl Tiering {
     ) -> Result<(), FetchError> {
         let key =
             chunk_key(namespace, group, object).map_err(|e| FetchError::Failed(cold_failed(&e)))?;
-        let mark = out.len();
+        // `cold_read::read` appends nothing when it fails.
         let read = cold_read::read(
             self.store.as_ref(),
             self.cache.as_ref(),
@@ -343,11 +343,7 @@ impl Tiering {
             (pos, len, object_len),
             out,
         );
-        let result = self.timed(read).await;
-        if result.is_err() {
-            out.truncate(mark);
-        }
-        match result {
+        match self.timed(read).await {
             Ok(()) => self.health.set_ops(None),
             Err(cold_read::ReadError::Store(ColdError::NotFound { .. })) => {
                 return Err(FetchError::Missing);
