@@ -359,24 +359,14 @@ impl Node {
     /// that accepts; waits at most `timeout` in total. Returns the groups still led.
     pub async fn shed_leaderships(&self, timeout: Duration) -> Vec<u32> {
         let deadline = Instant::now() + timeout;
-        let lease = self.timing.election_max_ms;
-        // A group that has not heard from a quorum for a lease cannot elect anyone else (the
-        // peers are down or cut off): waiting for a hand-over would only delay a shutdown.
-        let led: Vec<u32> = self
-            .led_groups()
-            .into_iter()
-            .filter(|&g| {
-                let silent = self
-                    .group_metrics(g)
-                    .since_quorum_ack_ms
-                    .is_none_or(|ms| ms > lease);
-                if silent {
-                    tracing::info!(group = g, "no quorum heard from lately: not handing over");
-                }
-                !silent
-            })
-            .collect();
+        let led = self.led_groups();
         let moves = led.iter().map(|&group| async move {
+            // A group that cannot reach a quorum cannot elect anyone else (the peers are down
+            // or cut off): waiting for a hand-over would only delay a shutdown.
+            if !self.hears_quorum(group).await {
+                tracing::info!(group, "no quorum reachable: not handing over");
+                return;
+            }
             let mut refused = Vec::new();
             while let Some(target) = self.transfer_target(group, &refused) {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -402,6 +392,29 @@ impl Node {
         });
         futures::future::join_all(moves).await;
         self.led_groups()
+    }
+
+    /// Whether this leader of `group` is in touch with a quorum: it heard from one within a
+    /// lease, or a read-index round (bounded by a lease) confirms it now. The metrics alone are
+    /// not enough: on a loaded machine an idle group's last acknowledgement can be a little
+    /// older than a lease while its peers are perfectly reachable.
+    async fn hears_quorum(&self, group: u32) -> bool {
+        let lease = self.timing.election_max_ms;
+        let recent = self
+            .group_metrics(group)
+            .since_quorum_ack_ms
+            .is_some_and(|ms| ms <= lease);
+        if recent {
+            return true;
+        }
+        let Some(g) = self.groups.get(group as usize) else {
+            return false;
+        };
+        let confirm = g.raft.ensure_linearizable();
+        matches!(
+            tokio::time::timeout(Duration::from_millis(lease), confirm).await,
+            Ok(Ok(_))
+        )
     }
 
     /// The receiving side of a transfer: campaign for `group` now, unless this node sheds.
