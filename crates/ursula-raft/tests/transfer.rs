@@ -187,6 +187,64 @@ async fn refusals_and_shedding() {
     }
 }
 
+/// A node whose disk fills up stops campaigning and hands its leaderships away (what the
+/// server's storage gate does on every tick); once the disk has room it may lead again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_sheds_leadership_and_healing_lifts_it() {
+    let c = Cluster::start(3, 2, 20_000).await;
+    let all = c.ids();
+    let node = c.agreed_leader(0, &all).await;
+    let n = &c.nodes[&node];
+    assert_eq!(
+        n.follow_storage_health(),
+        None,
+        "healthy: nothing to change"
+    );
+    c.fs[&node].set_full(true);
+    let health = Arc::clone(n.storage_health());
+    wait_for("the full disk to be seen", || health.disk_full()).await;
+    assert_eq!(n.follow_storage_health(), Some(true));
+    assert_eq!(n.follow_storage_health(), None, "already marked");
+    let st = n.shed_state();
+    assert_eq!(st.state(), "storage-unhealthy");
+    assert!(!st.should_campaign() && !st.should_accept_transfer());
+    // The hand-over stops heartbeating first: the full node cannot persist a vote (its WAL
+    // holds writes until there is room), so the target needs the third node's vote, which it
+    // gets once that node's lease of the old leader ran out. The full node's own Raft core
+    // waits on its disk meanwhile and may still call itself leader; it refuses every write
+    // (507) and confirms no read.
+    n.shed_leaderships(Duration::from_secs(10)).await;
+    let others: Vec<u64> = all.iter().copied().filter(|&x| x != node).collect();
+    for g in 0..c.groups {
+        assert_ne!(c.agreed_leader(g, &others).await, node, "group {g}");
+    }
+    // The others keep taking writes without the full node.
+    let key = key_in_group(0, c.groups, 7);
+    assert!(ok(&c.propose(&others, 0, create(&key), T).await.unwrap()));
+
+    c.fs[&node].set_full(false);
+    wait_for("the disk to count as free again", || !health.disk_full()).await;
+    assert_eq!(n.follow_storage_health(), Some(false));
+    let st = n.shed_state();
+    assert!(
+        st.should_campaign() && st.should_accept_transfer(),
+        "{}",
+        st.state()
+    );
+    // Healed, it catches up (the write made without it included) and can lead again.
+    let leader = c.agreed_leader(0, &all).await;
+    assert_ne!(leader, node);
+    c.converged(&all, &key, &[]).await;
+    let back = c.nodes[&leader]
+        .transfer_leader(0, node, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(back, node);
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_transfer_too() {
     let c = Cluster::start(5, 1, 20_000).await;

@@ -154,6 +154,7 @@ pub fn spawn(app: &Arc<App>, cfg: &GovernanceConfig) -> anyhow::Result<()> {
     crate::probe::spawn(app, &cfg.cluster_probe)?;
     crate::cold_health::spawn(app, &cfg.cold_health);
     spawn_commit_stall(app, &cfg.commit_stall);
+    spawn_storage_gate(app);
     let interval = cfg.leadership_balance.interval;
     if interval.is_zero() {
         return Ok(());
@@ -164,6 +165,29 @@ pub fn spawn(app: &Arc<App>, cfg: &GovernanceConfig) -> anyhow::Result<()> {
         async move { tick(&node, max).await }
     });
     Ok(())
+}
+
+/// How often the storage gate looks at the WAL's health (a few atomic loads).
+const STORAGE_GATE_EVERY: Duration = Duration::from_millis(250);
+
+/// A node whose WAL failed or whose disk is full stops campaigning at once and hands its
+/// leaderships away, instead of waiting for the next balancer tick (a leader that cannot
+/// write refuses every write of its groups). Healing clears the bit; the balancer brings
+/// leaderships back.
+fn spawn_storage_gate(app: &Arc<App>) {
+    app.spawn_every(STORAGE_GATE_EVERY, |app| async move {
+        match app.node.follow_storage_health() {
+            Some(true) => {
+                tracing::warn!("storage unhealthy: not campaigning, handing leaderships away");
+                let left = app.node.shed_leaderships(BALANCE_TRANSFER_TIMEOUT).await;
+                if !left.is_empty() {
+                    tracing::warn!(still_led = left.len(), "storage unhealthy: still leading");
+                }
+            }
+            Some(false) => tracing::info!("storage healthy again: campaigning"),
+            None => {}
+        }
+    });
 }
 
 /// How long the watchdog's hand-over of one stalled group may take.

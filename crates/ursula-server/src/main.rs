@@ -62,6 +62,8 @@ struct RepairArgs {
 /// Exit status of a node that failed stop after a storage fault (`EX_TEMPFAIL`: a supervisor
 /// should restart it; recovery re-reads the disk).
 const EXIT_STORAGE_FAILED: i32 = 75;
+/// Exit status after a second SIGTERM/Ctrl-C cut the drain short (128 + SIGINT, as shells do).
+const EXIT_SECOND_SIGNAL: i32 = 130;
 /// How long a failed node keeps answering (503s, readiness) before it exits, so that the
 /// answers to the writes in flight go out.
 const FAIL_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -349,6 +351,14 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let node2 = node.clone();
     let shutdown = async move {
         shutdown_signal().await;
+        // A second signal exits at once (§15): what was acknowledged is in the WAL (and on
+        // the peers); only the in-flight requests go unanswered.
+        tokio::spawn(async {
+            shutdown_signal().await;
+            tracing::warn!("second signal: exiting without finishing in-flight requests");
+            eprintln!("ursula: second signal: exiting now");
+            std::process::exit(EXIT_SECOND_SIGNAL);
+        });
         governance::hand_over_for_shutdown(&node2).await;
     };
     server::run(listener, app, shutdown, http::handle).await;

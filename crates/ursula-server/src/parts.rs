@@ -26,8 +26,15 @@ struct Tally {
     /// Uploads under way and their charges.
     uploading: u64,
     charged: u64,
-    /// When the stream's parts were last listed (`None`: list before the next part).
-    listed_ms: Option<u64>,
+    /// When the stream's parts were last listed, and in which of this node's leadership
+    /// terms (`None`: list before the next part).
+    listed: Option<Listed>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Listed {
+    term: u64,
+    at_ms: u64,
 }
 
 /// The node's multi-part bookkeeping (never replicated).
@@ -136,24 +143,38 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .get_mut(key)
         {
-            t.listed_ms = None;
+            t.listed = None;
         }
     }
 
-    fn needs_listing(&self, key: &StreamKey, now_ms: u64, older_than_ms: Option<u64>) -> bool {
+    /// Whether the count must be listed again: never listed, listed in another leadership term
+    /// (a node that leads again has missed the parts staged through the leaders in between,
+    /// §8: "at the stream's first part after it starts to lead"), or, with `older_than_ms`,
+    /// listed longer ago than that.
+    fn needs_listing(
+        &self,
+        key: &StreamKey,
+        term: u64,
+        now_ms: u64,
+        older_than_ms: Option<u64>,
+    ) -> bool {
         let t = self.tallies.lock().unwrap_or_else(|e| e.into_inner());
-        match t.get(key).and_then(|t| t.listed_ms) {
+        match t.get(key).and_then(|t| t.listed) {
             None => true,
-            Some(at) => older_than_ms.is_some_and(|age| now_ms.saturating_sub(at) > age),
+            Some(l) if l.term != term => true,
+            Some(l) => older_than_ms.is_some_and(|age| now_ms.saturating_sub(l.at_ms) > age),
         }
     }
 
-    fn set_listed(&self, key: &StreamKey, parts: u64, bytes: u64, now_ms: u64) {
+    fn set_listed(&self, key: &StreamKey, term: u64, parts: u64, bytes: u64, now_ms: u64) {
         let mut t = self.tallies.lock().unwrap_or_else(|e| e.into_inner());
         let tally = t.entry(key.clone()).or_default();
         tally.parts = parts;
         tally.bytes = bytes;
-        tally.listed_ms = Some(now_ms);
+        tally.listed = Some(Listed {
+            term,
+            at_ms: now_ms,
+        });
     }
 
     fn reserve(&self, key: &StreamKey, charge: u64) -> Result<Upload<'_>, BoundHit> {
@@ -174,6 +195,11 @@ impl Registry {
     }
 }
 
+/// The Raft term of the stream's group as this node sees it: a new leadership is a new term.
+fn leadership_term(app: &App, key: &StreamKey) -> u64 {
+    app.node.group_metrics(app.group_of(key)).term
+}
+
 /// Lists a stream's parts, deletes the earlier incarnations' parts staged more than a minute
 /// before `since_ms` (and, with `all_of`, every part of that incarnation), and records the
 /// count of what is left.
@@ -185,6 +211,7 @@ pub async fn list_and_clean(
     since_ms: i64,
     all_of: Option<Incarnation>,
 ) -> Result<Vec<(PartId, ObjectInfo)>, ApiError> {
+    let term = leadership_term(app, key);
     let prefix = store::parts_prefix(key).map_err(|e| cold_failed("name the parts", &e))?;
     let listed = store
         .list(&prefix)
@@ -215,7 +242,7 @@ pub async fn list_and_clean(
         bytes += info.size.saturating_sub(FRAME_LEN);
         kept.push((id, info));
     }
-    app.parts.set_listed(key, parts, bytes, app.now_ms());
+    app.parts.set_listed(key, term, parts, bytes, app.now_ms());
     Ok(kept)
 }
 
@@ -232,7 +259,8 @@ pub async fn admit_part<'a>(
 ) -> Result<Upload<'a>, Result<BoundHit, ApiError>> {
     let charge = rules::upload_charge(content_length);
     let now = app.now_ms();
-    if app.parts.needs_listing(key, now, None) {
+    let term = leadership_term(app, key);
+    if app.parts.needs_listing(key, term, now, None) {
         list_and_clean(app, store, key, incarnation, created_ms as i64, None)
             .await
             .map_err(Err)?;
@@ -242,7 +270,7 @@ pub async fn admit_part<'a>(
         Err(hit) => {
             if !app
                 .parts
-                .needs_listing(key, now, Some(rules::SKEW_MARGIN_MS as u64))
+                .needs_listing(key, term, now, Some(rules::SKEW_MARGIN_MS as u64))
             {
                 return Err(Ok(hit));
             }
@@ -452,15 +480,29 @@ mod tests {
     fn uploads_are_charged_until_stored_or_dropped() {
         let reg = Registry::default();
         let k = StreamKey::new("b", "s");
-        reg.set_listed(&k, 0, rules::MAX_STAGED_BYTES - 64, 0);
+        reg.set_listed(&k, 1, 0, rules::MAX_STAGED_BYTES - 64, 0);
         let u = reg.reserve(&k, 32).unwrap();
         let v = reg.reserve(&k, 32).unwrap();
         assert!(reg.reserve(&k, 1).is_err(), "charged before the body");
         drop(v);
         u.stored(10);
         assert!(reg.reserve(&k, 54).is_ok());
-        assert!(!reg.needs_listing(&k, 1, None));
+        assert!(!reg.needs_listing(&k, 1, 1, None));
         reg.mark_for_listing(&k);
-        assert!(reg.needs_listing(&k, 1, None));
+        assert!(reg.needs_listing(&k, 1, 1, None));
+    }
+
+    #[test]
+    fn a_count_from_an_earlier_leadership_is_listed_again() {
+        let reg = Registry::default();
+        let k = StreamKey::new("b", "s");
+        reg.set_listed(&k, 3, 5, 500, 1_000);
+        assert!(!reg.needs_listing(&k, 3, 1_000, None));
+        assert!(!reg.needs_listing(&k, 3, 1_500, Some(60_000)));
+        assert!(reg.needs_listing(&k, 3, 70_000, Some(60_000)), "stale");
+        // Another term: this node lost the leadership and took it back since the listing.
+        assert!(reg.needs_listing(&k, 5, 1_000, None));
+        reg.set_listed(&k, 5, 7, 700, 1_100);
+        assert!(!reg.needs_listing(&k, 5, 1_100, None));
     }
 }

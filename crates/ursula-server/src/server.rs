@@ -13,6 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// How long a shutdown waits for in-flight requests (spec cluster.md §15). Long-polls and
+/// SSE streams end with the shutdown signal, so this bounds slow uploads and downloads.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Serves `listener` with `handler` until `shutdown` resolves, then drains connections.
 pub async fn run<H, F>(
     listener: TcpListener,
@@ -70,10 +74,13 @@ pub async fn run<H, F>(
     }
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
     let _ = app.shutdown.send(true);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!("some connections did not finish within 10 s");
+        tracing::warn!(
+            drain_s = DRAIN_TIMEOUT.as_secs(),
+            "some connections did not finish in time"
+        );
     }
 }

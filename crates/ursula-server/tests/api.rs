@@ -1342,6 +1342,45 @@ fn acknowledged_writes_survive_sigterm() {
     assert_eq!(s.read_all("/durable/plain").0, b"alpha\nbeta\np0\np1\np2\n");
 }
 
+/// SIGTERM drains the requests in flight; a second signal exits at once (cluster.md §15),
+/// and what was acknowledged is still there.
+#[test]
+fn a_second_sigterm_cuts_the_drain_short() {
+    use std::io::Write;
+    let mut s = Server::start();
+    let before = populate(&s);
+    // An upload that never finishes keeps the drain waiting.
+    let mut slow = std::net::TcpStream::connect(s.addr()).unwrap();
+    slow.write_all(
+        b"POST /durable/plain HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+          Content-Length: 1000\r\n\r\npartial",
+    )
+    .unwrap();
+    let pid = s.pid().unwrap().to_string();
+    let term = || {
+        let st = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    term();
+    assert!(
+        wait_until(Duration::from_secs(10), || s
+            .log_tail(20)
+            .contains("finishing in-flight requests")),
+        "{}",
+        s.log_tail(20)
+    );
+    assert!(s.is_running(), "still draining the slow upload");
+    term();
+    let st = s.wait_exit(Duration::from_secs(5));
+    assert_eq!(st.and_then(|st| st.code()), Some(130), "{}", s.log_tail(20));
+    drop(slow);
+    s.restart();
+    verify(&s, &before);
+}
+
 #[test]
 fn acknowledged_writes_survive_sigkill() {
     let mut s = Server::start();

@@ -150,6 +150,20 @@ impl Node {
         state
     }
 
+    /// Brings the storage shed bit in line with the WAL's health right now (a failed WAL, a
+    /// full disk): while it is set the node does not campaign, and its leaderships should be
+    /// handed away. Returns the new state (`true`: unhealthy) when it changed.
+    pub fn follow_storage_health(&self) -> Option<bool> {
+        let health = self.wal.health();
+        let unhealthy = health.failed().is_some() || health.disk_full();
+        let marked = self.shed.0.load(Ordering::SeqCst) & shed::STORAGE != 0;
+        if unhealthy == marked {
+            return None;
+        }
+        self.set_shed(shed::STORAGE, unhealthy);
+        Some(unhealthy)
+    }
+
     /// Hands `group`'s leadership to `target`; returns the new leader. See the module docs.
     pub async fn transfer_leader(
         &self,
@@ -278,8 +292,11 @@ impl Node {
                     // which turn it down while their lease of this leader runs: stop
                     // heartbeating and let it run out first (their own election timers fire
                     // only after lease + election timeout, so the target campaigns first).
+                    // The same when this node's own storage is unhealthy: it cannot persist
+                    // the vote it would grant, so the target needs the other followers.
                     let voters = m.membership_config.membership().voter_ids().count();
-                    if voters > 3 && asked == 0 {
+                    let storage_down = self.shed_state().bits & shed::STORAGE != 0;
+                    if (voters > 3 || storage_down) && asked == 0 {
                         self.set_heartbeats(group, false);
                         let lease = self.timing.election_max_ms + self.timing.heartbeat_ms;
                         tokio::time::sleep(Duration::from_millis(lease).min(left())).await;

@@ -14,6 +14,7 @@ use ursula_core::command::{AppendReq, CreateReq};
 use ursula_core::{Command, Op, Response, StreamKey};
 use ursula_raft::testing::TestNetwork;
 use ursula_raft::{Node, NodeConfig, ProposeError, Transport, WalOptions};
+use ursula_storage::fs::FaultyFs;
 
 /// Wraps a node's transport (fault injection beyond what [`TestNetwork`] offers).
 pub type WrapTransport = Arc<dyn Fn(u64, Arc<dyn Transport>) -> Arc<dyn Transport> + Send + Sync>;
@@ -30,6 +31,8 @@ pub struct Cluster {
     pub nodes: BTreeMap<u64, Arc<Node>>,
     peers: BTreeMap<u64, String>,
     wrap: Option<WrapTransport>,
+    /// Each node's file system: the real one, with faults to inject on demand.
+    pub fs: BTreeMap<u64, FaultyFs>,
 }
 
 impl Cluster {
@@ -59,6 +62,7 @@ impl Cluster {
             nodes: BTreeMap::new(),
             peers,
             wrap,
+            fs: (1..=n).map(|id| (id, FaultyFs::new())).collect(),
         };
         for id in 1..=n {
             c.open(id, true).await;
@@ -81,6 +85,7 @@ impl Cluster {
             wal: WalOptions {
                 segment_bytes: 1 << 20,
                 fsync: false,
+                fs: Arc::new(self.fs.get(&id).cloned().unwrap_or_else(FaultyFs::new)),
                 ..Default::default()
             },
             snapshot_logs: self.snapshot_logs,
@@ -322,4 +327,13 @@ pub fn records(bytes: &[u8]) -> Vec<u32> {
         .chunks(REC)
         .map(|c| std::str::from_utf8(&c[1..]).unwrap().parse().unwrap())
         .collect()
+}
+
+/// Waits (bounded by [`T`]) until `cond` holds.
+pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
