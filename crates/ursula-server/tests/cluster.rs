@@ -1,8 +1,9 @@
 //! Three `ursula` processes on loopback ports forming one cluster: one config file for all
 //! (`--node-id` per process), temp data dirs, one shared `local` cold dir. Redirects to the
-//! leader, follower reads, ten SIGKILLs of a group's leader under a writer with an idempotent
-//! producer (failover time measured: median <= 1.5 s, worst <= 3 s), each killed node's
-//! restart and catch-up, and a frozen (SIGSTOP) leader that resumes.
+//! leader, follower reads, ten SIGKILLs of a group's leader under two concurrent writers with
+//! idempotent producers (failover time measured: median <= 1.5 s, worst <= 3 s), each killed
+//! node's restart and catch-up, and a frozen (SIGSTOP) leader that resumes with writes queued
+//! at it: whatever it acknowledges is in the stream.
 //!
 //! Debugging: `CLUSTER_TEST_LOG=info,openraft=info` sets the nodes' log filter and
 //! `CLUSTER_TEST_KEEP_LOGS=/some/dir` copies their logs there at the end.
@@ -23,8 +24,81 @@ const REC: usize = 8;
 /// SIGKILLs of a group's leader per run (then one SIGSTOP).
 const KILL_CYCLES: usize = 10;
 
-fn record(i: u64) -> Vec<u8> {
-    format!("w{i:07}").into_bytes()
+/// Record `i` of the writer tagged `tag` (one letter): `REC` bytes.
+fn record(tag: char, i: u64) -> Vec<u8> {
+    format!("{tag}{i:07}").into_bytes()
+}
+
+/// The writers' tags (each its own producer id, both on `STREAM`).
+const WRITERS: [char; 2] = ['w', 'v'];
+/// Direct appends queued at the frozen leader, one producer each.
+const FROZEN_PROBES: u64 = 6;
+
+type Acks = Arc<Mutex<Vec<(u64, Instant)>>>;
+
+/// A writer with an idempotent producer: appends record after record through whichever node
+/// answers, retrying each until it is acknowledged (a retried record is deduplicated), so
+/// each acknowledged record is in the stream exactly once and in order.
+fn spawn_writer(
+    client: common::cluster::Client,
+    tag: char,
+    acked: Acks,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let producer = format!("writer-{tag}");
+        let mut seq = 0u64;
+        let mut at = 0;
+        while !stop.load(Ordering::SeqCst) && seq < 100_000 {
+            let s = seq.to_string();
+            let h = [
+                ("content-type", "application/octet-stream"),
+                ("producer-id", producer.as_str()),
+                ("producer-epoch", "0"),
+                ("producer-seq", s.as_str()),
+            ];
+            let (i, r) = client
+                .send(
+                    at,
+                    "POST",
+                    STREAM,
+                    &h,
+                    &record(tag, seq),
+                    Instant::now() + T,
+                )
+                .expect("a write never succeeded");
+            assert!(r.status / 100 == 2, "append {tag}{seq}: {}", r.describe());
+            at = i;
+            acked.lock().unwrap().push((seq, Instant::now()));
+            seq += 1;
+        }
+    })
+}
+
+/// Sends the frozen node `FROZEN_PROBES` appends straight to its port (no redirect
+/// followed); they queue in its socket backlog and are answered once it resumes. Returns
+/// the probes' threads, each answering `(record, acknowledged)`.
+fn queue_at_frozen(addr: std::net::SocketAddr) -> Vec<std::thread::JoinHandle<(Vec<u8>, bool)>> {
+    (0..FROZEN_PROBES)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let producer = format!("frozen-{i}");
+                let h = [
+                    ("content-type", "application/octet-stream"),
+                    ("producer-id", producer.as_str()),
+                    ("producer-epoch", "0"),
+                    ("producer-seq", "0"),
+                ];
+                let body = record('z', i);
+                let r = try_request(addr, "POST", STREAM, &h, &body, T);
+                let acked = r.as_ref().is_ok_and(|r| r.status / 100 == 2);
+                if let Ok(r) = &r {
+                    eprintln!("frozen leader answered probe {i}: {}", r.status);
+                }
+                (body, acked)
+            })
+        })
+        .collect()
 }
 
 #[test]
@@ -106,65 +180,61 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         assert!(seen, "node {} never saw the bucket", n.id);
     }
 
-    // A writer with an idempotent producer appends record after record through whichever
-    // node answers; a retried record is deduplicated, so each is in the stream exactly once.
-    let acked: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    // Two writers, each with its own idempotent producer, on the same stream.
+    let acks: Vec<Acks> = WRITERS.iter().map(|_| Acks::default()).collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (acked, stop, client) = (Arc::clone(&acked), Arc::clone(&stop), client.clone());
-        std::thread::spawn(move || {
-            let mut seq = 0u64;
-            let mut at = 0;
-            while !stop.load(Ordering::SeqCst) && seq < 100_000 {
-                let s = seq.to_string();
-                let h = [
-                    ("content-type", "application/octet-stream"),
-                    ("producer-id", "writer"),
-                    ("producer-epoch", "0"),
-                    ("producer-seq", s.as_str()),
-                ];
-                let (i, r) = client
-                    .send(at, "POST", STREAM, &h, &record(seq), Instant::now() + T)
-                    .expect("a write never succeeded");
-                assert!(r.status / 100 == 2, "append {seq}: {}", r.describe());
-                at = i;
-                acked.lock().unwrap().push((seq, Instant::now()));
-                seq += 1;
-            }
+    let writers: Vec<_> = WRITERS
+        .iter()
+        .zip(&acks)
+        .map(|(&tag, acked)| {
+            spawn_writer(client.clone(), tag, Arc::clone(acked), Arc::clone(&stop))
         })
-    };
-    let acked_len = |a: &Arc<Mutex<Vec<(u64, Instant)>>>| a.lock().unwrap().len();
-    assert!(common::wait_until(T, || acked_len(&acked) >= 20));
+        .collect();
+    let acked_len = |a: &Acks| a.lock().unwrap().len();
+    let total = || acks.iter().map(acked_len).sum::<usize>();
+    assert!(common::wait_until(T, || acks
+        .iter()
+        .all(|a| acked_len(a) >= 10)));
+    let mut frozen_probes = Vec::new();
 
     // Kill the group's leader again and again; each time measure how long until the next
     // write is acknowledged, then restart the node and let it catch up.
     let mut gaps = Vec::new();
     for cycle in 0..KILL_CYCLES + 1 {
         let lead = c.stream_leader(STREAM);
-        let before = acked_len(&acked);
+        let before: Vec<usize> = acks.iter().map(acked_len).collect();
         // The last cycle freezes the leader (SIGSTOP) instead: when it resumes it must not
         // acknowledge anything without a quorum (checked below with every other ack).
         let freeze = cycle == KILL_CYCLES;
         let killed_at = Instant::now();
         if freeze {
             c.nodes[lead].sigstop();
+            frozen_probes = queue_at_frozen(c.nodes[lead].addr());
         } else {
             c.nodes[lead].kill9();
         }
         assert!(
-            common::wait_until(T, || acked_len(&acked) > before + 5),
+            common::wait_until(T, || acks
+                .iter()
+                .zip(&before)
+                .all(|(a, &b)| acked_len(a) > b + 5)),
             "writes did not resume after the leader was stopped (cycle {cycle})"
         );
-        // The longest time without an acknowledged write around the kill.
-        let resumed = {
-            let a = acked.lock().unwrap();
-            a[before.saturating_sub(1)..]
-                .windows(2)
-                .filter(|w| w[1].1 > killed_at)
-                .map(|w| w[1].1 - w[0].1)
-                .max()
-                .unwrap()
-        };
+        // The longest time any writer went without an acknowledged write around the kill.
+        let resumed = acks
+            .iter()
+            .zip(&before)
+            .map(|(a, &b)| {
+                let a = a.lock().unwrap();
+                a[b.saturating_sub(1)..]
+                    .windows(2)
+                    .filter(|w| w[1].1 > killed_at)
+                    .map(|w| w[1].1 - w[0].1)
+                    .max()
+                    .unwrap()
+            })
+            .max()
+            .unwrap();
         if freeze {
             eprintln!("write gap after SIGSTOP of the leader: {resumed:?}");
             c.nodes[lead].sigcont();
@@ -175,7 +245,7 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         c.wait_ready();
         // As an operator would (verify-cluster), let it catch up before the next kill: it
         // serves, from its own replica, what was acknowledged a moment ago.
-        let upto = (acked_len(&acked) * REC) as u64;
+        let upto = (total() * REC) as u64;
         let path = format!("{STREAM}?offset=-1&max_bytes={upto}");
         let caught_up = common::wait_until(T, || {
             c.nodes[lead]
@@ -185,7 +255,13 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         assert!(caught_up, "node {} never caught up", c.nodes[lead].id);
     }
     stop.store(true, Ordering::SeqCst);
-    writer.join().unwrap();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let probes: Vec<(Vec<u8>, bool)> = frozen_probes
+        .into_iter()
+        .map(|p| p.join().unwrap())
+        .collect();
     gaps.sort();
     eprintln!("write gaps after SIGKILL of the leader: {gaps:?}");
     let median = gaps[gaps.len() / 2];
@@ -214,21 +290,51 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         "no election counted in ursula_raft_group_elections"
     );
 
-    // Every acknowledged append exactly once, in order, on every node: a follower serves what
-    // it applied (all but the tail byte, so it states no tail fact), the full read is
-    // redirected to the leader.
-    let n = acked_len(&acked) as u64;
-    let want: Vec<u8> = (0..n).flat_map(record).collect();
+    // Every acknowledged append exactly once, in order, on every node: the full read (through
+    // the leader) splits into each writer's records 0..acked in order; what the frozen leader
+    // acknowledged is there once; a follower serves what it applied (all but the tail record,
+    // so it states no tail fact) and it is the same bytes.
+    let full = client
+        .must(0, "GET", &format!("{STREAM}?offset=-1"), &[], b"")
+        .body;
+    assert_eq!(full.len() % REC, 0);
+    let records: Vec<&[u8]> = full.chunks(REC).collect();
+    for (&tag, a) in WRITERS.iter().zip(&acks) {
+        let n = acked_len(a) as u64;
+        let mine: Vec<Vec<u8>> = records
+            .iter()
+            .filter(|r| r[0] == tag as u8)
+            .map(|r| r.to_vec())
+            .collect();
+        let want: Vec<Vec<u8>> = (0..n).map(|i| record(tag, i)).collect();
+        assert!(
+            mine == want,
+            "writer {tag}: {} records held, {n} acknowledged",
+            mine.len()
+        );
+    }
+    for (body, acked) in &probes {
+        let held = records.iter().filter(|r| **r == body.as_slice()).count();
+        assert!(held <= 1, "a probe is in the stream {held} times");
+        assert!(
+            !acked || held == 1,
+            "the frozen leader acknowledged a write that was lost"
+        );
+    }
+    let others = records
+        .iter()
+        .filter(|r| !WRITERS.contains(&(r[0] as char)) && r[0] != b'z')
+        .count();
+    assert_eq!(others, 0, "records nobody wrote");
     for (i, node) in c.nodes.iter().enumerate() {
         let r = client.must(i, "GET", &format!("{STREAM}?offset=-1"), &[], b"");
         assert_eq!(r.status, 200, "node {}: {}", node.id, r.text());
-        assert_eq!(r.body.len(), want.len(), "node {}", node.id);
-        assert!(r.body == want, "node {} holds other bytes", node.id);
-        let part = want.len() - REC;
+        assert!(r.body == full, "node {} holds other bytes", node.id);
+        let part = full.len() - REC;
         let path = format!("{STREAM}?offset=-1&max_bytes={part}");
         let local = common::wait_until(T, || {
             try_request(node.addr(), "GET", &path, &[], b"", Duration::from_secs(2))
-                .is_ok_and(|r| r.status == 200 && r.body == want[..part])
+                .is_ok_and(|r| r.status == 200 && r.body == full[..part])
         });
         assert!(local, "node {} did not serve its applied bytes", node.id);
     }
