@@ -1,5 +1,5 @@
 //! Three `ursula` processes on loopback ports forming one cluster: one config file for all
-//! (`--node-id` per process), temp data dirs, one shared `local` cold dir. Redirects to the
+//! (`--node-id` per process), temp data dirs, one shared `local` cold dir, `fsync = true`. Redirects to the
 //! leader, follower reads, ten SIGKILLs of a group's leader under two concurrent writers with
 //! idempotent producers (failover time measured: median <= 1.5 s, worst <= 3 s), each killed
 //! node's restart and catch-up, and a frozen (SIGSTOP) leader that resumes with writes queued
@@ -103,7 +103,12 @@ fn queue_at_frozen(addr: std::net::SocketAddr) -> Vec<std::thread::JoinHandle<(V
 
 #[test]
 fn three_processes_redirect_fail_over_and_catch_up() {
-    let mut c = Cluster::start(ClusterSpec::new(3));
+    // With the WAL synced before every acknowledgement, as a user runs it: the failover
+    // times below include the synced votes and appends of the new term.
+    let mut c = Cluster::start(ClusterSpec {
+        fsync: true,
+        ..ClusterSpec::new(3)
+    });
     c.wait_ready();
     let client = c.client();
 

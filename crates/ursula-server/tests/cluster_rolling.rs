@@ -47,6 +47,8 @@ fn spread(c: &mut Cluster) -> Vec<usize> {
 fn rolling_restart_with_leadership_hand_over_loses_nothing_and_never_stalls() {
     let mut spec = ClusterSpec::new(3);
     spec.group_count = 6;
+    // Synced before every acknowledgement, as a user runs it.
+    spec.fsync = true;
     spec.top_toml = "[governance.leadership_balance]\ninterval = \"1s\"\n".into();
     let mut c = Cluster::start(spec);
     c.wait_ready();

@@ -62,10 +62,13 @@ pub struct ClusterSpec {
     pub cluster_listen: bool,
     /// Extra lines for the `[raft]` section, e.g. `rpc_batching = false`.
     pub raft_toml: String,
+    /// Sync the WAL before acknowledging (the product's default; off by default here to
+    /// keep the many cluster tests quick on slow disks).
+    pub fsync: bool,
 }
 
 impl ClusterSpec {
-    /// `nodes` nodes, 4 groups, a shared local cold dir, `fsync = false`.
+    /// `nodes` nodes, 4 groups, a shared local cold dir, `fsync = false` (see [`Self::fsync`]).
     pub fn new(nodes: usize) -> ClusterSpec {
         ClusterSpec {
             nodes,
@@ -76,14 +79,15 @@ impl ClusterSpec {
             args: Vec::new(),
             cluster_listen: false,
             raft_toml: String::new(),
+            fsync: false,
         }
     }
 
     fn toml(&self, root: &Path, ports: &[u16]) -> String {
         let mut t = format!(
-            "fsync = false\ngroup_count = {}\n{}\n[server]\ncluster_id = \"it\"\n\
+            "fsync = {}\ngroup_count = {}\n{}\n[server]\ncluster_id = \"it\"\n\
              [raft]\ninit_membership_per_group = true\n{}\n[storage.cold]\n",
-            self.group_count, self.top_toml, self.raft_toml
+            self.fsync, self.group_count, self.top_toml, self.raft_toml
         );
         match &self.cold {
             ColdStore::Local => {
