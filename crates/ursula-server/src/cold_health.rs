@@ -27,10 +27,13 @@ pub struct ColdHealthConfig {
     pub interval: Duration,
     pub unhealthy_ticks: u32,
     pub heal_ticks: u32,
-    #[serde(deserialize_with = "size")]
-    pub hot_size_high: u64,
-    #[serde(deserialize_with = "size")]
-    pub hot_size_low: u64,
+    /// Unset: three quarters of `storage.cold.max_hot_size_per_group` (48 MiB of the default
+    /// 64 MiB; 48 MiB when that cap is off). See [`ColdHealthConfig::marks`].
+    #[serde(deserialize_with = "opt_size")]
+    pub hot_size_high: Option<u64>,
+    /// Unset: two thirds of the high mark.
+    #[serde(deserialize_with = "opt_size")]
+    pub hot_size_low: Option<u64>,
     /// Failed cold operations per tick that make the tick bad (`0`: errors alone never do).
     pub errors_per_tick_high: u64,
 }
@@ -41,16 +44,30 @@ impl Default for ColdHealthConfig {
             interval: Duration::from_secs(2),
             unhealthy_ticks: 3,
             heal_ticks: 5,
-            hot_size_high: 48 << 20,
-            hot_size_low: 32 << 20,
+            hot_size_high: None,
+            hot_size_low: None,
             errors_per_tick_high: 1,
         }
     }
 }
 
-fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+fn opt_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     let s = String::deserialize(d)?;
-    ursula_storage::cold::config::parse_size(&s).map_err(serde::de::Error::custom)
+    ursula_storage::cold::config::parse_size(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+impl ColdHealthConfig {
+    /// The backlog's `(high, low)` marks, unset ones derived from the per-group cap of hot
+    /// bytes, so that lowering the cap moves the marks with it.
+    pub fn marks(&self, max_hot_size_per_group: u64) -> (u64, u64) {
+        let high = self.hot_size_high.unwrap_or(match max_hot_size_per_group {
+            0 => 48 << 20,
+            cap => cap / 4 * 3,
+        });
+        (high, self.hot_size_low.unwrap_or(high / 3 * 2))
+    }
 }
 
 /// Whether the hot backlog stands, given whether it stood at the previous tick: it starts at
@@ -144,7 +161,8 @@ fn tick(app: &App, cfg: &ColdHealthConfig) {
             .unwrap_or_else(|e| e.into_inner());
         let errors = errors_now.saturating_sub(g.errors_seen);
         g.errors_seen = errors_now;
-        g.backlog = backlog(g.backlog, max_hot, cfg.hot_size_high, cfg.hot_size_low);
+        let (high, low) = cfg.marks(app.cfg.storage.cold.max_hot_size_per_group);
+        g.backlog = backlog(g.backlog, max_hot, high, low);
         let bad = tick_is_bad(
             reason.is_some(),
             errors,
@@ -210,13 +228,15 @@ mod tests {
         let d: ColdHealthConfig = toml::from_str("").unwrap();
         assert_eq!(d.interval, Duration::from_secs(2));
         assert_eq!((d.unhealthy_ticks, d.heal_ticks), (3, 5));
-        assert_eq!((d.hot_size_high, d.hot_size_low), (48 << 20, 32 << 20));
+        assert_eq!(d.marks(64 << 20), (48 << 20, 32 << 20));
+        assert_eq!(d.marks(0), (48 << 20, 32 << 20));
+        assert_eq!(d.marks(512 << 10), (384 << 10, 256 << 10));
         assert_eq!(d.errors_per_tick_high, 1);
         let c: Result<ColdHealthConfig, _> =
             toml::from_str("interval = \"500ms\"\nhot_size_high = \"1MiB\"\nheal_ticks = 2\n");
         let c = c.unwrap();
         assert_eq!(c.interval, Duration::from_millis(500));
-        assert_eq!(c.hot_size_high, 1 << 20);
+        assert_eq!(c.marks(64 << 20), (1 << 20, 699_050));
         assert_eq!(c.heal_ticks, 2);
         assert!(toml::from_str::<ColdHealthConfig>("bogus = 1\n").is_err());
     }

@@ -305,6 +305,36 @@ impl Config {
         Ok(())
     }
 
+    /// The cold-health gate's hot-backlog marks against the flush settings (spec §7.11), when
+    /// the gate runs (a node with peers): a high mark at or below the flush threshold would
+    /// call every healthy group behind, one at or above the per-group cap could never be
+    /// reached (writes are refused first).
+    fn validate_cold_watermarks(&self) -> anyhow::Result<()> {
+        let h = &self.governance.cold_health;
+        if !self.has_peers() || h.interval.is_zero() {
+            return Ok(());
+        }
+        let c = &self.storage.cold;
+        let (high, low) = h.marks(c.max_hot_size_per_group);
+        anyhow::ensure!(
+            low < high,
+            "governance.cold_health.hot_size_low ({low}) must be below hot_size_high ({high})"
+        );
+        anyhow::ensure!(
+            high > c.flush_min_hot_size(),
+            "governance.cold_health.hot_size_high ({high}) must be above \
+             storage.cold.flush_min_hot_size ({})",
+            c.flush_min_hot_size()
+        );
+        anyhow::ensure!(
+            c.max_hot_size_per_group == 0 || high < c.max_hot_size_per_group,
+            "governance.cold_health.hot_size_high ({high}) must be below \
+             storage.cold.max_hot_size_per_group ({})",
+            c.max_hot_size_per_group
+        );
+        Ok(())
+    }
+
     /// The cold tier's flush, GC and admission settings (`[storage.cold]`).
     pub fn tiering(&self) -> crate::tiering::TierConfig {
         let c = &self.storage.cold;
@@ -405,6 +435,7 @@ impl Config {
              cluster needs one cold store every node shares (s3, or local with \
              storage.cold.local.shared = true)"
         );
+        self.validate_cold_watermarks()?;
         let budget = self.http_inflight_body_size;
         if budget > 0 {
             anyhow::ensure!(
@@ -430,6 +461,51 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cold_health_marks_are_checked_against_the_flush_settings() {
+        let peers = "[[raft.peers]]\nnode_id = 1\nurl = \"http://127.0.0.1:1\"\n\
+                     [[raft.peers]]\nnode_id = 2\nurl = \"http://127.0.0.1:2\"\n\
+                     [[raft.peers]]\nnode_id = 3\nurl = \"http://127.0.0.1:3\"\n";
+        let with = |cold: &str, extra: &str| {
+            let t = format!(
+                "[raft]\nnode_id = 1\n{peers}[storage.cold]\nbackend = \"s3\"\n{cold}\
+                 [storage.cold.s3]\nbucket = \"b\"\n{extra}"
+            );
+            toml::from_str::<Config>(&t).expect("parse")
+        };
+        let cluster = |extra: &str| with("", extra);
+        cluster("").validate().expect("the defaults hold");
+        // Derived marks follow a lowered cap.
+        with(
+            "flush_size = \"64KiB\"\nmax_hot_size_per_group = \"512KiB\"\n",
+            "",
+        )
+        .validate()
+        .expect("derived marks");
+        let cases = [
+            (
+                "[governance.cold_health]\nhot_size_low = \"48MiB\"\nhot_size_high = \"40MiB\"\n",
+                "hot_size_low",
+            ),
+            (
+                "[governance.cold_health]\nhot_size_high = \"8MiB\"\n",
+                "flush_min_hot_size",
+            ),
+            (
+                "[governance.cold_health]\nhot_size_high = \"64MiB\"\n",
+                "max_hot_size_per_group",
+            ),
+        ];
+        for (extra, names) in cases {
+            let err = cluster(extra).validate().unwrap_err().to_string();
+            assert!(err.contains(names), "{extra}: {err}");
+        }
+        // A single node runs no gate: its marks are not checked.
+        let single: Config =
+            toml::from_str("[governance.cold_health]\nhot_size_high = \"1MiB\"\n").expect("parse");
+        single.validate().expect("no gate without peers");
+    }
 
     #[test]
     fn toml_overrides_defaults() {
