@@ -15,12 +15,14 @@ mod parts;
 mod probe;
 mod raft_metrics;
 mod server;
+mod server_args;
 mod snapshot_store;
 mod tiering;
 mod watchers;
 
 use clap::{Parser, Subcommand};
 use config::Config;
+use server_args::ServerArgs;
 use std::path::PathBuf;
 
 /// mimalloc: measurably cheaper than glibc malloc on the request path (see docs/benchmarks.md)
@@ -67,134 +69,6 @@ const EXIT_SECOND_SIGNAL: i32 = 130;
 /// How long a failed node keeps answering (503s, readiness) before it exits, so that the
 /// answers to the writes in flight go out.
 const FAIL_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-#[derive(clap::Args)]
-struct ServerArgs {
-    /// TOML configuration file; flags and environment variables override it.
-    #[arg(long, env = "URSULA_CONFIG")]
-    config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:4437].
-    #[arg(long, env = "URSULA_LISTEN")]
-    listen: Option<std::net::SocketAddr>,
-    /// Admin-plane listener for operator endpoints (purge) [default: off; e.g. 127.0.0.1:4438].
-    #[arg(long, env = "URSULA_ADMIN_LISTEN")]
-    admin_listen: Option<std::net::SocketAddr>,
-    /// A listener of its own for the Raft RPCs of a cluster (it serves client routes too; peer
-    /// URLs point at it) [default: unset: the RPCs share --listen].
-    #[arg(long, env = "URSULA_CLUSTER_LISTEN")]
-    cluster_listen: Option<std::net::SocketAddr>,
-    /// Data directory [default: ./ursula-data].
-    #[arg(long, env = "URSULA_DATA_DIR")]
-    data_dir: Option<PathBuf>,
-    /// Number of Raft groups streams are spread over [default: 4].
-    #[arg(long, env = "URSULA_GROUP_COUNT")]
-    group_count: Option<u32>,
-    /// Default long-poll wait in milliseconds [default: 1000].
-    #[arg(long, env = "URSULA_LONG_POLL_TIMEOUT_MS")]
-    long_poll_timeout_ms: Option<u64>,
-    /// Largest request body in bytes [default: 33554432].
-    #[arg(long, env = "URSULA_MAX_REQUEST_BYTES")]
-    max_request_bytes: Option<u64>,
-    /// Request body bytes held at once by all requests (0 = unlimited) [default: 268435456].
-    #[arg(long, env = "URSULA_HTTP_INFLIGHT_BODY_SIZE")]
-    http_inflight_body_size: Option<u64>,
-    /// Raft log entries between state-machine snapshots [default: 20000].
-    #[arg(long, env = "URSULA_SNAPSHOT_LOGS")]
-    snapshot_logs: Option<u64>,
-    /// Public base URL for Location headers [default: from the Host header].
-    #[arg(long, env = "URSULA_PUBLIC_URL")]
-    public_url: Option<String>,
-    /// Host names to answer for, comma-separated; other hosts get 400 [default: any].
-    #[arg(long, env = "URSULA_ALLOWED_HOSTS", value_delimiter = ',')]
-    allowed_hosts: Option<Vec<String>>,
-    /// Cold-tier backend: local, s3, memory or none (aliases: mem, inmem; disabled, off)
-    /// [default: local, in {data-dir}/cold].
-    #[arg(long, env = "URSULA_COLD_BACKEND")]
-    cold_backend: Option<ursula_storage::cold::Backend>,
-    /// Directory of the local cold backend [default: {data-dir}/cold].
-    #[arg(long, env = "URSULA_COLD_LOCAL_PATH")]
-    cold_local_path: Option<PathBuf>,
-    /// Key prefix of every cold object [default: none].
-    #[arg(long, env = "URSULA_COLD_ROOT")]
-    cold_root: Option<String>,
-    /// Bucket of the s3 cold backend (required for s3).
-    #[arg(long, env = "URSULA_COLD_S3_BUCKET")]
-    cold_s3_bucket: Option<String>,
-    /// Region of the s3 cold backend [default: AWS_REGION, else us-east-1].
-    #[arg(long, env = "URSULA_COLD_S3_REGION")]
-    cold_s3_region: Option<String>,
-    /// Endpoint of an S3-compatible store, e.g. http://127.0.0.1:9000 [default: AWS].
-    #[arg(long, env = "URSULA_COLD_S3_ENDPOINT")]
-    cold_s3_endpoint: Option<String>,
-    /// With a cold backend, bodies of at least this size go to the cold store before they are
-    /// proposed (`runtime.external_payload_min_size`) [default: 1MiB].
-    #[arg(long, env = "URSULA_EXTERNAL_PAYLOAD_MIN_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
-    external_payload_min_size: Option<u64>,
-    /// This node's Raft id; overrides `raft.node_id`, so one config file serves every node.
-    #[arg(long, env = "URSULA_NODE_ID")]
-    node_id: Option<u64>,
-    /// Log format: text or json [default: text].
-    #[arg(long, env = "URSULA_LOG_FORMAT", default_value = "text")]
-    log_format: String,
-}
-
-impl ServerArgs {
-    fn into_config(self) -> anyhow::Result<(Config, String)> {
-        let mut c = match &self.config {
-            Some(p) => Config::from_file(p)?,
-            None => Config::default(),
-        };
-        c.resolve_sections();
-        if self.node_id.is_some() {
-            c.raft.node_id = self.node_id;
-        }
-        if let Some(v) = self.listen {
-            c.listen = v;
-        }
-        if self.admin_listen.is_some() {
-            c.admin_listen = self.admin_listen;
-        }
-        if self.cluster_listen.is_some() {
-            c.server.cluster_listen = self.cluster_listen;
-        }
-        if let Some(v) = self.data_dir {
-            c.data_dir = v;
-        }
-        if let Some(v) = self.group_count {
-            c.group_count = v;
-        }
-        if let Some(v) = self.long_poll_timeout_ms {
-            c.long_poll_timeout_ms = v;
-        }
-        if let Some(v) = self.max_request_bytes {
-            c.max_request_bytes = v;
-        }
-        if let Some(v) = self.http_inflight_body_size {
-            c.http_inflight_body_size = v;
-        }
-        if let Some(v) = self.snapshot_logs {
-            c.snapshot_logs = v;
-        }
-        if self.public_url.is_some() {
-            c.public_url = self.public_url;
-        }
-        if let Some(v) = self.allowed_hosts {
-            c.allowed_hosts = v.into_iter().map(|h| h.trim().to_owned()).collect();
-        }
-        if let Some(v) = self.external_payload_min_size {
-            c.runtime.external_payload_min_size = v;
-        }
-        let cold = &mut c.storage.cold;
-        cold.backend = self.cold_backend.or(cold.backend);
-        cold.local.path = self.cold_local_path.or(cold.local.path.take());
-        cold.root = self.cold_root.or(cold.root.take());
-        cold.s3.bucket = self.cold_s3_bucket.or(cold.s3.bucket.take());
-        cold.s3.region = self.cold_s3_region.or(cold.s3.region.take());
-        cold.s3.endpoint = self.cold_s3_endpoint.or(cold.s3.endpoint.take());
-        c.validate()?;
-        Ok((c, self.log_format))
-    }
-}
 
 fn init_tracing(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("URSULA_LOG")
