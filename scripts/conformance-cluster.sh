@@ -11,6 +11,10 @@
 # body after a 307). Passes when the suite passes as on one node (failed=0, passed>=332, and
 # the given number of skips) and the proxy followed at least one redirect.
 #
+# URSULA_CLUSTER_COLD=s3 (what scripts/test.sh sets) gives the nodes one bucket on a real
+# S3-compatible server (moto, started here through scripts/moto.sh) instead of a shared local
+# cold dir.
+#
 # The nodes run with `fsync = false` (URSULA_CLUSTER_FSYNC=1: the durable default) like the
 # real-process cluster tests: the suite checks the API, not durability, and fsync on a loaded
 # 2-core machine makes followers slow. openraft 0.9 times out every AppendEntries after the
@@ -36,12 +40,23 @@ fi
 
 TMP=$(mktemp -d)
 PIDS=()
+COLD=${URSULA_CLUSTER_COLD:-local}
+if [[ $COLD == s3 ]]; then
+  # shellcheck source=moto.sh
+  source "$ROOT/scripts/moto.sh"
+fi
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  if [[ $COLD == s3 ]]; then moto_stop; fi
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+case $COLD in
+  local) ;;
+  s3) mkdir -p "$TMP/moto" && moto_start "$TMP/moto" ;;
+  *) echo "URSULA_CLUSTER_COLD must be local or s3, got $COLD"; exit 1 ;;
+esac
 logs() { for f in "$TMP"/*.log; do echo "--- $f"; tail -n 20 "$f"; done; }
 
 # Three distinct free ports (held together, so none repeats).
@@ -54,7 +69,12 @@ print(" ".join(str(x.getsockname()[1]) for x in s))')
   [[ ${URSULA_CLUSTER_FSYNC:-0} == 1 ]] || printf 'fsync = false\n'
   printf 'group_count = 4\n[server]\ncluster_id = "conformance"\n'
   printf '[raft]\ninit_membership_per_group = true\n'
-  printf '[storage.cold]\nbackend = "local"\n[storage.cold.local]\npath = "%s"\nshared = true\n' "$TMP/cold"
+  if [[ $COLD == s3 ]]; then
+    printf '[storage.cold]\nbackend = "s3"\nroot = "conformance"\n[storage.cold.s3]\n'
+    printf 'bucket = "%s"\nendpoint = "%s"\npath_style = true\n' "$MOTO_BUCKET" "$MOTO_ENDPOINT"
+  else
+    printf '[storage.cold]\nbackend = "local"\n[storage.cold.local]\npath = "%s"\nshared = true\n' "$TMP/cold"
+  fi
   for i in 0 1 2; do
     printf '[[raft.peers]]\nnode_id = %d\nurl = "http://127.0.0.1:%s"\n' $((i + 1)) "${PORTS[$i]}"
   done
@@ -114,4 +134,4 @@ if [[ -n $WANT_SKIPPED && $SKIPPED != "$WANT_SKIPPED" ]]; then
   exit 1
 fi
 [[ $FOLLOWED -gt 0 ]] || { echo "no request was redirected: the proxy did not front a follower"; exit 1; }
-echo "conformance through a follower passed: $LINE"
+echo "conformance through a follower ($COLD cold store) passed: $LINE"
