@@ -245,6 +245,45 @@ async fn a_full_disk_sheds_leadership_and_healing_lifts_it() {
     }
 }
 
+/// A follower that may not campaign (here: its egress is marked unhealthy) and has lost its
+/// leader keeps naming that leader, but stops offering it as a redirect target once it has
+/// not heard from it for a lease: clients get "no leader, retry" instead of a dead address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_leader_is_no_redirect_target() {
+    let c = Cluster::start(3, 1, 20_000).await;
+    let all = c.ids();
+    let leader = c.agreed_leader(0, &all).await;
+    let survivor = *all.iter().find(|&&x| x != leader).unwrap();
+    let s = &c.nodes[&survivor];
+    assert_eq!(
+        s.reachable_leader(0),
+        Some(leader),
+        "a live leader is a target"
+    );
+    s.set_shed(shed::EGRESS, true);
+    // Cut the survivor off from both others: nobody it can hear leads.
+    let others: Vec<u64> = all.iter().copied().filter(|&x| x != survivor).collect();
+    c.net.isolate(survivor, &others);
+    wait_for("the silent leader to stop being a target", || {
+        s.reachable_leader(0).is_none()
+    })
+    .await;
+    assert_eq!(
+        s.leader_of(0),
+        Some(leader),
+        "it still names the last leader it knew"
+    );
+    c.net.heal();
+    s.set_shed(shed::EGRESS, false);
+    wait_for("a reachable leader again", || {
+        s.reachable_leader(0).is_some()
+    })
+    .await;
+    for n in c.nodes.values() {
+        n.shutdown().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_nodes_transfer_too() {
     let c = Cluster::start(5, 1, 20_000).await;

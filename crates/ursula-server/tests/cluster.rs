@@ -344,3 +344,43 @@ fn three_processes_redirect_fail_over_and_catch_up() {
         assert!(local, "node {} did not serve its applied bytes", node.id);
     }
 }
+
+/// A node that is left without a quorum answers writes `503 LEADER_UNAVAILABLE` with
+/// `Retry-After: 1` (not a redirect to a dead leader, not a hang), and takes writes again once
+/// a second node is back.
+#[test]
+fn without_a_quorum_writes_answer_503_until_a_majority_is_back() {
+    let mut c = Cluster::start(ClusterSpec {
+        group_count: 1,
+        ..ClusterSpec::new(3)
+    });
+    c.wait_ready();
+    let client = c.client();
+    let ct = [("content-type", "application/octet-stream")];
+    let path = "/clus/quorum";
+    assert_eq!(client.must(0, "PUT", path, &ct, b"").status, 201);
+    let lead = c.stream_leader(path);
+    let gone = (lead + 1) % 3;
+    let survivor = (lead + 2) % 3;
+    c.nodes[lead].kill9();
+    c.nodes[gone].kill9();
+    // Once the survivor's lease of the dead leader has run out it campaigns and knows no
+    // leader: every write gets a clear, retryable answer.
+    let mut last = None;
+    let unavailable = common::wait_until(T, || {
+        last = c.nodes[survivor]
+            .request("POST", path, &ct, b"x", Duration::from_secs(5))
+            .ok();
+        last.as_ref().is_some_and(|r| r.status == 503)
+    });
+    let r = last.unwrap();
+    assert!(unavailable, "{}", r.describe());
+    common::assert_error(&r, 503, "LEADER_UNAVAILABLE");
+    assert_eq!(r.header("retry-after"), Some("1"), "{}", r.describe());
+    // A majority again: writes go through (redirects followed).
+    c.nodes[gone].start();
+    let (_, r) = client
+        .send(survivor, "POST", path, &ct, b"back", Instant::now() + T)
+        .expect("no write succeeded after a majority came back");
+    assert_eq!(r.status / 100, 2, "{}", r.describe());
+}

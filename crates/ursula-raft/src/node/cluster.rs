@@ -137,6 +137,29 @@ impl Node {
         }
     }
 
+    /// Milliseconds since this node opened (its own monotonic clock).
+    pub(super) fn clock_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    /// Where a client of `group` should go: its leader as [`Node::leader_of`] knows it, but
+    /// `None` when that is another node whose append-entries have not reached this one for
+    /// longer than a lease plus a heartbeat. Such a leader died or is cut off from here, and
+    /// this node may not campaign to replace it (a shed state, e.g. unhealthy egress, or no
+    /// quorum to win with): a redirect would only send clients to a node that does not answer,
+    /// for as long as the outage lasts. `None` lets them hear "no leader, retry" instead.
+    pub fn reachable_leader(&self, group: u32) -> Option<u64> {
+        let leader = self.leader_of(group)?;
+        if leader == self.node_id {
+            return Some(leader);
+        }
+        let g = self.groups.get(group as usize)?;
+        let silent_ms = self
+            .clock_ms()
+            .saturating_sub(g.heard_ms.load(Ordering::Relaxed));
+        (silent_ms <= self.timing.election_max_ms + self.timing.heartbeat_ms).then_some(leader)
+    }
+
     /// Confirms with a quorum that this node still leads `group` and waits until it has applied
     /// everything committed before the call (a read index), so that a read of the state right
     /// after is linearizable with every acknowledged write.

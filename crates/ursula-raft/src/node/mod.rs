@@ -163,6 +163,9 @@ struct Group {
     inflight: Arc<Semaphore>,
     log: Arc<GroupLog>,
     snapshots: Arc<SnapshotStore>,
+    /// When a leader's append-entries (or snapshot) last reached this node, in ms of
+    /// [`Node::clock`] (0: at open): tells a live leader from a dead one (`cluster.rs`).
+    heard_ms: AtomicU64,
 }
 
 /// A running node: one openraft instance per group, all logging to one WAL.
@@ -186,6 +189,8 @@ pub struct Node {
     shut_down: tokio::sync::Mutex<bool>,
     /// Groups a wiped data directory may not take part in yet (`rejoin.rs`).
     rejoin: Arc<rejoin::Rejoin>,
+    /// The node's monotonic clock (since open), for [`Group::heard_ms`].
+    clock: Instant,
 }
 
 impl std::fmt::Debug for Node {
@@ -275,6 +280,7 @@ impl Node {
                 inflight,
                 log: parts.log,
                 snapshots: parts.snapshots,
+                heard_ms: AtomicU64::new(0),
             });
         }
         let upkeep = Upkeep {
@@ -313,6 +319,7 @@ impl Node {
             tasks: Mutex::new(tasks),
             shut_down: tokio::sync::Mutex::new(false),
             rejoin,
+            clock: Instant::now(),
         };
         tracing::info!(
             node_id = node.node_id,

@@ -27,6 +27,10 @@ impl Node {
             .groups
             .get(group as usize)
             .ok_or_else(|| format!("no raft group {group} on node {}", self.node_id))?;
+        if matches!(req, Request::Append(_) | Request::Snapshot(_)) {
+            // Only a leader sends these: it is alive and reaches this node.
+            g.heard_ms.store(self.clock_ms(), Ordering::Relaxed);
+        }
         Ok(match req {
             Request::Append(r) => {
                 wire::encode_response::<AppendResult>(&g.raft.append_entries(r).await)

@@ -122,11 +122,15 @@ pub async fn discard_body(app: &App, req: Request<Body>) {
 /// `307` to the leader of `group`, or `503 LEADER_UNAVAILABLE` (`Retry-After: 1`).
 pub fn redirect(app: &App, group: u32, uri: &http::Uri) -> Resp {
     let me = app.node.node_id();
-    let leader = app.node.leader_of(group).filter(|&l| l != me);
+    // A leader this node has not heard from lately is not a redirect target (it died or is
+    // cut off): the client hears "retry" rather than being sent to a node that does not answer.
+    let leader = app.node.reachable_leader(group).filter(|&l| l != me);
     let Some((id, url)) = leader.and_then(|l| Some((l, app.node.peer_url(l)?))) else {
         return error::render(ApiError::new(
             ErrorCode::LEADER_UNAVAILABLE,
-            format!("raft group {group} is electing a leader; retry shortly"),
+            format!(
+                "raft group {group} has no reachable leader (an election may be running); retry shortly"
+            ),
         ));
     };
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
