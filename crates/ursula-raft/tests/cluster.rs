@@ -124,9 +124,7 @@ async fn minority_cannot_commit_majority_elects_and_healing_converges() {
 
     stop.store(true, Ordering::SeqCst);
     watcher.await.unwrap();
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,9 +161,7 @@ async fn lagging_follower_catches_up_by_snapshot() {
         m.borrow().snapshot.is_some_and(|s| s.index > 10),
         "the lagging node caught up without a snapshot"
     );
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,9 +204,7 @@ async fn a_snapshot_of_several_chunks_reaches_a_lagging_follower() {
             .snapshot
             .is_some()
     );
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,9 +282,7 @@ async fn killed_leader_fails_over_and_rejoins_under_a_lossy_network() {
             .all(|h| acked.contains(h) || unknown.contains(h))
     );
     c.converged(&c.ids(), &key, &final_bytes).await;
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 async fn write(
@@ -333,7 +325,5 @@ async fn five_nodes_survive_losing_two_including_the_leader() {
     c.open(leader, false).await;
     c.open(other, false).await;
     c.converged(&c.ids(), &key, &want).await;
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }

@@ -124,9 +124,7 @@ async fn a_wiped_node_waits_for_permission_and_votes_only_once_caught_up() {
     c.kill(now).await;
     let rest: Vec<u64> = all.iter().copied().filter(|&i| i != now).collect();
     c.leader(0, &rest).await;
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 /// `rejoin.state` holding one group rehydrating until `until` (the documented format).
@@ -176,7 +174,5 @@ async fn a_rehydrating_node_takes_entries_but_never_grants_a_vote() {
     c.kill(leader).await;
     no_leader_for(&c, 0, &[other, marked], Duration::from_secs(2)).await;
     assert_eq!(c.nodes[&marked].groups_rehydrating().len(), 1);
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }

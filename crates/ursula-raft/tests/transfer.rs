@@ -116,9 +116,7 @@ async fn transfers_hand_leadership_over_without_a_gap_or_a_lost_write() {
     }
     let want = c.bytes(leader, &key).unwrap();
     c.converged(&all, &key, &want).await;
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,9 +180,7 @@ async fn refusals_and_shedding() {
     let key = key_in_group(1, c.groups, 3);
     assert!(ok(&c.propose(&others, 1, create(&key), T).await.unwrap()));
     c.converged(&all, &key, &[]).await;
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 /// A node whose disk fills up stops campaigning and hands its leaderships away (what the
@@ -240,9 +236,7 @@ async fn a_full_disk_sheds_leadership_and_healing_lifts_it() {
         .await
         .unwrap();
     assert_eq!(back, node);
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 /// A follower that may not campaign (here: its egress is marked unhealthy) and has lost its
@@ -279,9 +273,7 @@ async fn a_silent_leader_is_no_redirect_target() {
         s.reachable_leader(0).is_some()
     })
     .await;
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,7 +295,5 @@ async fn five_nodes_transfer_too() {
             started.elapsed()
         );
     }
-    for n in c.nodes.values() {
-        n.shutdown().await;
-    }
+    c.shutdown().await;
 }

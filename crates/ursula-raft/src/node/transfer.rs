@@ -412,26 +412,24 @@ impl Node {
     }
 
     /// Whether this leader of `group` is in touch with a quorum: it heard from one within a
-    /// lease, or a read-index round (bounded by a lease) confirms it now. The metrics alone are
-    /// not enough: on a loaded machine an idle group's last acknowledgement can be a little
-    /// older than a lease while its peers are perfectly reachable.
+    /// lease, or a read-index round ([`Node::ensure_linearizable`], bounded by a lease)
+    /// confirms it now. The metrics alone are not enough: on a loaded machine an idle group's
+    /// last acknowledgement can be a little older than a lease while its peers are reachable.
     async fn hears_quorum(&self, group: u32) -> bool {
         let lease = self.timing.election_max_ms;
         let recent = self
             .group_metrics(group)
             .since_quorum_ack_ms
             .is_some_and(|ms| ms <= lease);
-        if recent {
-            return true;
-        }
-        let Some(g) = self.groups.get(group as usize) else {
-            return false;
-        };
-        let confirm = g.raft.ensure_linearizable();
-        matches!(
-            tokio::time::timeout(Duration::from_millis(lease), confirm).await,
-            Ok(Ok(_))
-        )
+        recent
+            || matches!(
+                tokio::time::timeout(
+                    Duration::from_millis(lease),
+                    self.ensure_linearizable(group)
+                )
+                .await,
+                Ok(Ok(()))
+            )
     }
 
     /// The receiving side of a transfer: campaign for `group` now, unless this node sheds.

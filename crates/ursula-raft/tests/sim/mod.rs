@@ -118,6 +118,13 @@ impl Cluster {
         }
     }
 
+    /// Shuts every node down (the end of a test).
+    pub async fn shutdown(&self) {
+        for n in self.nodes.values() {
+            n.shutdown().await;
+        }
+    }
+
     /// Node `id`'s data directory.
     pub fn dir(&self, id: u64) -> &Path {
         self.dirs[&id].path()
