@@ -24,6 +24,7 @@ pub mod render;
 pub mod retention;
 pub mod snapshot;
 pub mod sse;
+mod sse_frame;
 pub mod write;
 
 use crate::app::App;

@@ -157,12 +157,12 @@ pub fn resolve_start(target: &Target, v: &View, start: ReadStart) -> Result<u64,
 }
 
 /// Where a read window ends: whole messages for JSON streams.
-pub fn window_end(app: &App, key: &StreamKey, v: &View, repr: Repr, start: u64, max: u64) -> u64 {
-    let limit = start.saturating_add(max).min(v.tail);
+pub fn window_end(app: &App, key: &StreamKey, tail: u64, repr: Repr, start: u64, max: u64) -> u64 {
+    let limit = start.saturating_add(max).min(tail);
     match repr {
         Repr::Bytes => limit,
         Repr::JsonArray | Repr::Ndjson => app
-            .with_stream(key, |s| s.boundary_end(start, limit).min(v.tail))
+            .with_stream(key, |s| s.boundary_end(start, limit).min(tail))
             .unwrap_or(start),
     }
 }
@@ -223,12 +223,17 @@ pub(super) fn put_stream_headers(hm: &mut HeaderMap, v: &View, repr: Repr) {
 /// Renews a sliding TTL because of a read, at most once per quarter window.
 pub async fn touch_if_due(app: &Arc<App>, key: &StreamKey, v: &View) {
     if v.touch_due {
-        let op = Op::Touch {
-            key: key.clone(),
-            incarnation: v.incarnation,
-        };
-        let _ = app.propose(app.group_of(key), op).await;
+        touch(app, key, v.incarnation).await;
     }
+}
+
+/// Renews the sliding TTL of `key` (as incarnation `incarnation`) because of a read.
+pub async fn touch(app: &Arc<App>, key: &StreamKey, incarnation: Incarnation) {
+    let op = Op::Touch {
+        key: key.clone(),
+        incarnation,
+    };
+    let _ = app.propose(app.group_of(key), op).await;
 }
 
 pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResult {
@@ -268,7 +273,7 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
                 if start >= v.tail {
                     return Ok(None);
                 }
-                let end = window_end(app, key, &v, repr, start, max);
+                let end = window_end(app, key, v.tail, repr, start, max);
                 data_response(app, target, &v, repr, start, end, true, Some(echoed), hm)
                     .await
                     .map(Some)
@@ -295,7 +300,7 @@ pub async fn get(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResu
     let end = if now_read {
         start
     } else {
-        window_end(app, key, &v, repr, start, max)
+        window_end(app, key, v.tail, repr, start, max)
     };
     data_response(app, target, &v, repr, start, end, !now_read, None, hm).await
 }

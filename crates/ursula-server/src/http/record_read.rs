@@ -237,9 +237,3 @@ pub async fn get(
     let w = window(app, target, start, rq.max_records, cap)?;
     respond(app, target, &v, &w, view, None, hm).await
 }
-
-/// The record fields of an SSE control event (extensions.md §11.8).
-pub fn control_fields(m: &mut serde_json::Map<String, serde_json::Value>, first: u64, next: u64) {
-    m.insert("streamFirstRecord".into(), first.into());
-    m.insert("streamNextRecord".into(), next.into());
-}

@@ -1,34 +1,36 @@
 //! Server-Sent Events reads (protocol.md §10.4).
+//!
+//! An SSE response is a [`Live`] state machine that runs inside the response body: hyper's
+//! connection task asks it for the next frame, and it looks at the stream, renders what is
+//! new, or waits for the stream's next commit. There is no task or channel per subscriber,
+//! so a delivery costs one wake-up of the connection that sends it.
 
+use super::error::ApiError;
 use super::path::Target;
 use super::query::ReadQuery;
 use super::read::{self, Repr, View};
+use super::sse_frame::{
+    Control, Encoding, control_event, data_event, error_event, utf8_end, utf8_len,
+};
 use super::{ApiResult, headers as h, long_poll, record_read};
 use crate::app::App;
-use crate::metrics::{Gauge, inc};
+use crate::metrics::inc;
+use crate::watchers::StreamWatch;
 use axum::body::Body;
-use base64::Engine as _;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use ursula_core::offset::Off;
+use tokio::time::{Instant, Interval};
 use ursula_core::records::{RecordQuery, envelope_into};
-use ursula_core::{Incarnation, content_type};
+use ursula_core::{Incarnation, StreamKey, content_type};
 
 /// A comment line after this long without events keeps proxies from closing the response.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// Responses end at a control-event boundary after about this long (OQ-21).
 const MAX_LIFETIME: Duration = Duration::from_secs(60);
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Encoding {
-    Text,
-    Json,
-    Base64,
-}
 
 /// A record-aware SSE read: the ordinal it is at, and the batch and view rules.
 #[derive(Clone, Copy)]
@@ -85,310 +87,331 @@ pub fn open(
     if v.json {
         h::put(hm, &h::STREAM_EXTENSIONS, h::JSON_RECORDS_EXT);
     }
-    let (tx, rx) = mpsc::channel::<Bytes>(8);
     long_poll::check_waiter_capacity(&app)?;
     let batch = q
         .max_bytes
         .unwrap_or(app.cfg.sse_batch_bytes)
         .min(app.cfg.max_read_bytes);
-    let opened = Opened {
-        incarnation: v.incarnation,
-        ttl_s: v.lifetime.ttl_s,
-    };
-    let pos = Position {
-        offset: start,
-        records,
-    };
-    tokio::spawn(run(app, target, opened, pos, batch, q.cursor, enc, tx));
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    let live = Box::new(Live::new(
+        app, target, &v, start, records, batch, q.cursor, enc,
+    ));
+    let frames = futures::stream::unfold(live, |mut live| async move {
+        let frame = live.next().await?;
+        Some((Ok::<_, Infallible>(frame), live))
     });
-    *resp.body_mut() = Body::from_stream(stream);
+    *resp.body_mut() = Body::from_stream(frames);
     Ok(resp)
 }
 
-fn data_event(enc: Encoding, payload: &[u8]) -> String {
-    let mut ev = String::from("event: data\n");
-    match enc {
-        Encoding::Base64 => {
-            ev.push_str("data:");
-            ev.push_str(&base64::engine::general_purpose::STANDARD.encode(payload));
-            ev.push('\n');
-        }
-        Encoding::Text | Encoding::Json => {
-            let text = String::from_utf8_lossy(payload);
-            for line in text.split('\n') {
-                let clean: String = line.chars().filter(|c| *c != '\r' && *c != '\0').collect();
-                ev.push_str(if clean.starts_with(' ') {
-                    "data: "
-                } else {
-                    "data:"
-                });
-                ev.push_str(&clean);
-                ev.push('\n');
-            }
-        }
+/// Counts an open SSE response in `ursula_sse_connections` while alive.
+struct Open(Arc<App>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .sse_connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
-    ev.push('\n');
-    ev
 }
 
-/// Where an SSE response is: its offset and, for a record read, its ordinal.
-struct Position {
-    offset: u64,
-    records: Option<Records>,
-}
-
-fn control_event(
-    next: u64,
-    records: Option<(u64, u64)>,
-    cursor: Option<String>,
-    up_to_date: bool,
+/// What an SSE response needs to know of its stream at each look, copied out of the group
+/// lock without allocating.
+#[derive(Clone, Copy)]
+struct Tail {
+    incarnation: Incarnation,
+    tail: u64,
+    retained: u64,
     closed: bool,
-) -> String {
-    let mut m = serde_json::Map::new();
-    m.insert("streamNextOffset".into(), Off(next).to_string().into());
-    if let Some((first, next)) = records {
-        record_read::control_fields(&mut m, first, next);
-    }
-    if let Some(c) = cursor {
-        m.insert("streamCursor".into(), c.into());
-    }
-    if up_to_date {
-        m.insert("upToDate".into(), true.into());
-    }
-    if closed {
-        m.insert("streamClosed".into(), true.into());
-    }
-    format!("event: control\ndata:{}\n\n", serde_json::Value::Object(m))
+    record_first: u64,
+    touch_due: bool,
 }
 
-fn error_event(msg: &str) -> String {
-    format!("event: error\ndata:{}\n\n", msg.replace(['\n', '\r'], " "))
+fn look(app: &App, key: &StreamKey) -> Result<Tail, super::error::ApiError> {
+    let now = app.now_ms();
+    app.with_group(app.group_of(key), |g| {
+        g.lookup(key, now).map(|s| Tail {
+            incarnation: s.incarnation,
+            tail: s.tail,
+            retained: s.retained,
+            closed: s.closed,
+            record_first: s.record_first(),
+            touch_due: s.read_should_touch(now),
+        })
+    })
+    .map_err(Into::into)
 }
 
-/// Length of the UTF-8 sequence a lead byte starts (1 for anything else).
-fn utf8_len(lead: u8) -> usize {
-    match lead {
-        0xC0..=0xDF => 2,
-        0xE0..=0xEF => 3,
-        0xF0..=0xF7 => 4,
-        _ => 1,
-    }
+/// How a wait for the stream ended.
+enum Woke {
+    /// The stream changed (its look is in `Live::fresh`), or could not be looked at.
+    Changed,
+    /// Nothing changed for [`KEEPALIVE`]: send a comment line.
+    KeepAlive,
+    /// The node is shutting down.
+    Stop,
 }
 
-/// Shortens a text batch so it never ends inside a UTF-8 sequence.
-fn utf8_end(bytes: &[u8]) -> usize {
-    match std::str::from_utf8(bytes) {
-        Ok(_) => bytes.len(),
-        Err(e) if e.error_len().is_none() => e.valid_up_to(),
-        Err(_) => bytes.len(),
-    }
-}
-
-/// What the response was opened on: the incarnation it reads and its TTL.
-struct Opened {
-    incarnation: ursula_core::Incarnation,
-    ttl_s: Option<u64>,
-}
-
-#[allow(clippy::too_many_arguments, reason = "the state of one SSE response")]
-async fn run(
+/// The state of one SSE response, advanced one frame at a time by [`Live::next`].
+struct Live {
     app: Arc<App>,
     target: Target,
-    opened: Opened,
-    position: Position,
+    incarnation: Incarnation,
+    pos: u64,
+    records: Option<Records>,
     batch: u64,
-    mut cursor_echo: Option<String>,
+    cursor_echo: Option<String>,
     enc: Encoding,
-    tx: mpsc::Sender<Bytes>,
-) {
-    let _open = Gauge::new(&app.metrics.sse_connections);
-    let key = &target.key;
-    let (mut pos, mut records) = (position.offset, position.records);
-    // Registered before the first look at the stream, so no commit slips past.
-    let mut watch = app.watchers.watch(app.group_of(key), key);
-    let started = tokio::time::Instant::now();
-    let repr = if enc == Encoding::Json {
-        Repr::JsonArray
-    } else {
-        Repr::Bytes
-    };
-    let mut first = true;
-    let mut stop = app.shutdown.subscribe();
-    // Renew the TTL every quarter window while connected, and keep the line warm.
-    let tick = opened
-        .ttl_s
-        .map_or(KEEPALIVE, |t| {
-            Duration::from_millis(t.saturating_mul(1000).div_ceil(4))
-        })
-        .min(KEEPALIVE);
-    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
-    let mut last_sent = tokio::time::Instant::now();
-    loop {
-        let v = match read::view(&app, key, app.now_ms()) {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = tx
-                    .send(Bytes::from(error_event(&e.rejection.message)))
-                    .await;
-                return;
-            }
-        };
-        if v.incarnation != opened.incarnation {
-            let _ = tx
-                .send(Bytes::from(error_event("the stream was deleted")))
-                .await;
-            return;
+    watch: StreamWatch,
+    stop: tokio::sync::watch::Receiver<bool>,
+    /// Renews the TTL every quarter window while connected, and keeps the line warm.
+    ticker: Interval,
+    started: Instant,
+    last_sent: Instant,
+    first: bool,
+    done: bool,
+    /// A look taken after the last wake-up and not acted on yet.
+    fresh: Option<Tail>,
+    _open: Open,
+}
+
+impl Live {
+    #[allow(clippy::too_many_arguments, reason = "the state of one SSE response")]
+    fn new(
+        app: Arc<App>,
+        target: Target,
+        v: &View,
+        start: u64,
+        records: Option<Records>,
+        batch: u64,
+        cursor_echo: Option<String>,
+        enc: Encoding,
+    ) -> Live {
+        app.metrics.sse_connections.fetch_add(1, Ordering::Relaxed);
+        // Registered before the first look at the stream, so no commit slips past.
+        let watch = app.watchers.watch(app.group_of(&target.key), &target.key);
+        let tick = v
+            .lifetime
+            .ttl_s
+            .map_or(KEEPALIVE, |t| {
+                Duration::from_millis(t.saturating_mul(1000).div_ceil(4))
+            })
+            .min(KEEPALIVE);
+        let now = Instant::now();
+        Live {
+            incarnation: v.incarnation,
+            pos: start,
+            records,
+            batch,
+            cursor_echo,
+            enc,
+            watch,
+            stop: app.shutdown.subscribe(),
+            ticker: tokio::time::interval_at(now + tick, tick),
+            started: now,
+            last_sent: now,
+            first: true,
+            done: false,
+            fresh: None,
+            _open: Open(app.clone()),
+            app,
+            target,
         }
-        if pos < v.retained {
-            let e = read::gone(&target, pos, v.retained);
-            let _ = tx
-                .send(Bytes::from(error_event(&e.rejection.message)))
-                .await;
-            return;
+    }
+
+    /// The next frame of the response, or `None` once it has ended.
+    async fn next(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
         }
-        if pos < v.tail
-            && let Some(r) = records.as_mut()
-        {
-            let (ev, end, up_to_date) =
-                match record_batch(&app, &target, v.incarnation, r, batch).await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        let _ = tx
-                            .send(Bytes::from(error_event(&e.rejection.message)))
-                            .await;
-                        return;
-                    }
-                };
-            let closed = up_to_date && v.closed;
-            let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
-            let mut ev = ev;
-            ev.push_str(&control_event(
-                end,
-                Some((v.record_first, r.next)),
-                c.clone(),
-                up_to_date,
-                closed,
-            ));
-            inc(&app.metrics.read_bytes, end - pos);
-            last_sent = tokio::time::Instant::now();
-            if tx.send(Bytes::from(ev)).await.is_err() {
-                return;
+        match self.step().await {
+            Some(frame) => {
+                self.last_sent = Instant::now();
+                Some(Bytes::from(frame))
             }
-            cursor_echo = c;
-            pos = end;
-            first = false;
-            if closed || (up_to_date && started.elapsed() > MAX_LIFETIME) {
-                return;
-            }
-            continue;
-        }
-        if pos < v.tail {
-            let mut end = read::window_end(&app, key, &v, repr, pos, batch);
-            let mut raw = Vec::new();
-            if let Err(e) = read::collect(&app, key, v.incarnation, (pos, end), &mut raw).await {
-                let _ = tx
-                    .send(Bytes::from(error_event(&e.rejection.message)))
-                    .await;
-                return;
-            }
-            if enc == Encoding::Text {
-                let keep = utf8_end(&raw);
-                if keep > 0 {
-                    raw.truncate(keep);
-                    end = pos + keep as u64;
-                } else if let Some(need) = raw.first().map(|b| utf8_len(*b))
-                    && need > raw.len()
-                    && pos + need as u64 <= v.tail
-                {
-                    // A window smaller than one character: send that whole character, as a
-                    // JSON message larger than the window is sent alone.
-                    end = pos + need as u64;
-                    raw.clear();
-                    if let Err(e) =
-                        read::collect(&app, key, v.incarnation, (pos, end), &mut raw).await
-                    {
-                        let _ = tx
-                            .send(Bytes::from(error_event(&e.rejection.message)))
-                            .await;
-                        return;
-                    }
-                }
-            }
-            let payload = if enc == Encoding::Json {
-                let mut out = Vec::with_capacity(raw.len() + 2);
-                ursula_core::json::ndjson_to_array(&raw, &mut out);
-                out
-            } else {
-                raw
-            };
-            inc(&app.metrics.read_bytes, end - pos);
-            let at_tail = end == v.tail;
-            let closed = at_tail && v.closed;
-            let c = (!closed).then(|| read::cursor(end, cursor_echo.as_deref()));
-            let mut ev = data_event(enc, &payload);
-            ev.push_str(&control_event(end, None, c.clone(), at_tail, closed));
-            last_sent = tokio::time::Instant::now();
-            if tx.send(Bytes::from(ev)).await.is_err() {
-                return;
-            }
-            cursor_echo = c;
-            pos = end;
-            first = false;
-            if closed || (at_tail && started.elapsed() > MAX_LIFETIME) {
-                return;
-            }
-            continue;
-        }
-        if first || v.closed {
-            let c = (!v.closed).then(|| read::cursor(v.tail, cursor_echo.as_deref()));
-            if tx
-                .send(Bytes::from(control_event(
-                    v.tail,
-                    records.map(|r| (v.record_first, r.next)),
-                    c.clone(),
-                    true,
-                    v.closed,
-                )))
-                .await
-                .is_err()
-                || v.closed
-            {
-                return;
-            }
-            cursor_echo = c;
-            first = false;
-        }
-        if started.elapsed() > MAX_LIFETIME {
-            return;
-        }
-        // Wait until this stream has something new (commits to other streams do not wake
-        // us). The ticker keeps its schedule across wake-ups.
-        loop {
-            tokio::select! {
-                () = watch.changed() => inc(&app.metrics.live_wakeups, 1),
-                _ = ticker.tick() => {}
-                _ = tx.closed() => return,
-                _ = stop.changed() => return,
-            }
-            if last_sent.elapsed() >= KEEPALIVE {
-                if tx.send(Bytes::from_static(b":\n")).await.is_err() {
-                    return;
-                }
-                last_sent = tokio::time::Instant::now();
-            }
-            match read::view(&app, key, app.now_ms()) {
-                Ok(v) if v.incarnation == opened.incarnation && v.tail == pos && !v.closed => {
-                    read::touch_if_due(&app, key, &v).await;
-                }
-                _ => break,
+            None => {
+                self.done = true;
+                None
             }
         }
     }
+
+    /// Ends the response after an error event.
+    fn fail(&mut self, msg: &str) -> Option<Vec<u8>> {
+        self.done = true;
+        Some(error_event(msg))
+    }
+
+    async fn step(&mut self) -> Option<Vec<u8>> {
+        loop {
+            let t = match self.fresh.take() {
+                Some(t) => t,
+                None => match look(&self.app, &self.target.key) {
+                    Ok(t) => t,
+                    Err(e) => return self.fail(&e.rejection.message),
+                },
+            };
+            if t.incarnation != self.incarnation {
+                return self.fail("the stream was deleted");
+            }
+            if self.pos < t.retained {
+                let e = read::gone(&self.target, self.pos, t.retained);
+                return self.fail(&e.rejection.message);
+            }
+            if self.pos < t.tail {
+                let frame = if self.records.is_some() {
+                    self.record_frame(t).await
+                } else {
+                    self.data_frame(t).await
+                };
+                return match frame {
+                    Ok(f) => Some(f),
+                    Err(e) => self.fail(&e.rejection.message),
+                };
+            }
+            if self.first || t.closed {
+                self.first = false;
+                self.done = t.closed;
+                let c = (!t.closed).then(|| read::cursor(t.tail, self.cursor_echo.as_deref()));
+                let mut out = Vec::with_capacity(160);
+                control_event(
+                    &mut out,
+                    &Control {
+                        next: t.tail,
+                        records: self.records.map(|r| (t.record_first, r.next)),
+                        cursor: c.as_deref(),
+                        up_to_date: true,
+                        closed: t.closed,
+                    },
+                );
+                self.cursor_echo = c;
+                return Some(out);
+            }
+            if self.started.elapsed() > MAX_LIFETIME {
+                return None;
+            }
+            match self.wait().await {
+                Woke::Changed => {}
+                Woke::KeepAlive => return Some(b":\n".to_vec()),
+                Woke::Stop => return None,
+            }
+        }
+    }
+
+    /// Waits until this stream has something new (commits to other streams do not wake us),
+    /// renewing its TTL on the ticker's schedule, which holds across wake-ups.
+    async fn wait(&mut self) -> Woke {
+        loop {
+            tokio::select! {
+                () = self.watch.changed() => inc(&self.app.metrics.live_wakeups, 1),
+                _ = self.ticker.tick() => {}
+                _ = self.stop.changed() => return Woke::Stop,
+            }
+            match look(&self.app, &self.target.key) {
+                Ok(t) if t.incarnation == self.incarnation && t.tail == self.pos && !t.closed => {
+                    if t.touch_due {
+                        read::touch(&self.app, &self.target.key, t.incarnation).await;
+                    }
+                    if self.last_sent.elapsed() >= KEEPALIVE {
+                        return Woke::KeepAlive;
+                    }
+                }
+                Ok(t) => {
+                    self.fresh = Some(t);
+                    return Woke::Changed;
+                }
+                Err(_) => return Woke::Changed,
+            }
+        }
+    }
+
+    /// One data event (at most `batch` bytes from `pos`) and its control event.
+    async fn data_frame(&mut self, t: Tail) -> Result<Vec<u8>, ApiError> {
+        let (app, key, pos) = (&self.app, &self.target.key, self.pos);
+        let repr = if self.enc == Encoding::Json {
+            Repr::JsonArray
+        } else {
+            Repr::Bytes
+        };
+        let mut end = read::window_end(app, key, t.tail, repr, pos, self.batch);
+        let mut raw = Vec::new();
+        read::collect(app, key, t.incarnation, (pos, end), &mut raw).await?;
+        if self.enc == Encoding::Text {
+            let keep = utf8_end(&raw);
+            if keep > 0 {
+                raw.truncate(keep);
+                end = pos + keep as u64;
+            } else if let Some(need) = raw.first().map(|b| utf8_len(*b))
+                && need > raw.len()
+                && pos + need as u64 <= t.tail
+            {
+                // A window smaller than one character: send that whole character, as a
+                // JSON message larger than the window is sent alone.
+                end = pos + need as u64;
+                raw.clear();
+                read::collect(app, key, t.incarnation, (pos, end), &mut raw).await?;
+            }
+        }
+        inc(&app.metrics.read_bytes, end - pos);
+        let at_tail = end == t.tail;
+        let closed = at_tail && t.closed;
+        let c = (!closed).then(|| read::cursor(end, self.cursor_echo.as_deref()));
+        // Base64 grows the payload by a third; the events' own lines need about 150 bytes.
+        let mut out = Vec::with_capacity(raw.len() + raw.len() / 3 + 192);
+        if self.enc == Encoding::Json {
+            let mut array = Vec::with_capacity(raw.len() + 2);
+            ursula_core::json::ndjson_to_array(&raw, &mut array);
+            data_event(&mut out, self.enc, &array);
+        } else {
+            data_event(&mut out, self.enc, &raw);
+        }
+        control_event(
+            &mut out,
+            &Control {
+                next: end,
+                records: None,
+                cursor: c.as_deref(),
+                up_to_date: at_tail,
+                closed,
+            },
+        );
+        self.cursor_echo = c;
+        self.pos = end;
+        self.first = false;
+        self.done = closed || (at_tail && self.started.elapsed() > MAX_LIFETIME);
+        Ok(out)
+    }
+
+    /// One batch of a record read and its control event.
+    async fn record_frame(&mut self, t: Tail) -> Result<Vec<u8>, ApiError> {
+        let Some(mut r) = self.records else {
+            return self.data_frame(t).await;
+        };
+        let (mut out, end, up_to_date) =
+            record_batch(&self.app, &self.target, t.incarnation, &mut r, self.batch).await?;
+        self.records = Some(r);
+        let closed = up_to_date && t.closed;
+        let c = (!closed).then(|| read::cursor(end, self.cursor_echo.as_deref()));
+        control_event(
+            &mut out,
+            &Control {
+                next: end,
+                records: Some((t.record_first, r.next)),
+                cursor: c.as_deref(),
+                up_to_date,
+                closed,
+            },
+        );
+        inc(&self.app.metrics.read_bytes, end - self.pos);
+        self.cursor_echo = c;
+        self.pos = end;
+        self.first = false;
+        self.done = closed || (up_to_date && self.started.elapsed() > MAX_LIFETIME);
+        Ok(out)
+    }
 }
 
-/// The data event of one batch of a record read, from ordinal `r.next` (which it
+/// The data events of one batch of a record read, from ordinal `r.next` (which it
 /// advances): one array of at most `max_records` complete records, or for the envelope view
 /// one record. Returns the events, the offset after them and whether they reach
 /// the record tail.
@@ -398,7 +421,7 @@ async fn record_batch(
     incarnation: Incarnation,
     r: &mut Records,
     batch: u64,
-) -> Result<(String, u64, bool), super::error::ApiError> {
+) -> Result<(Vec<u8>, u64, bool), ApiError> {
     // The envelope view sends one record per data event, each with its control event.
     let max = if r.envelope { Some(1) } else { r.max_records };
     let w = record_read::window(app, target, r.next, max, batch)?;
@@ -411,17 +434,17 @@ async fn record_batch(
         &mut raw,
     )
     .await?;
-    let mut ev = String::new();
+    let mut ev = Vec::with_capacity(raw.len() + 256);
     if r.envelope {
         let mut lines = Vec::new();
         envelope_into(&raw, w.start, &mut lines);
         for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            ev.push_str(&data_event(Encoding::Json, line));
+            data_event(&mut ev, Encoding::Json, line);
         }
     } else {
         let mut out = Vec::with_capacity(raw.len() + 2);
         ursula_core::json::ndjson_to_array(&raw, &mut out);
-        ev.push_str(&data_event(Encoding::Json, &out));
+        data_event(&mut ev, Encoding::Json, &out);
     }
     r.next = w.next;
     Ok((ev, w.end_offset, w.up_to_date()))
