@@ -181,3 +181,48 @@ fn commits_to_other_streams_do_not_wake_a_waiting_reader() {
         "one append wakes each reader once, got {woken}"
     );
 }
+
+#[test]
+fn sse_subscribers_that_leave_are_forgotten_and_the_others_keep_receiving() {
+    let s = Server::start();
+    assert_eq!(s.put("/live/fan", "text/plain", b"").status, 201);
+    let open = || {
+        let mut sse = SseStream::open(s.addr(), "/live/fan?offset=now&live=sse").expect("sse");
+        let ev = sse
+            .next_event(Instant::now() + Duration::from_secs(5))
+            .expect("read")
+            .expect("event");
+        assert_eq!(ev.event, "control");
+        sse
+    };
+    let mut stay = open();
+    let leaving: Vec<SseStream> = (0..3).map(|_| open()).collect();
+    let connections = |s: &Server| s.metrics()["sse_connections"].as_u64().unwrap();
+    assert_eq!(connections(&s), 4);
+    drop(leaving);
+    // Each append is a delivery attempt to the closed connections, which ends them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sent = 0;
+    while connections(&s) > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "closed SSE responses are never released"
+        );
+        assert_eq!(s.post("/live/fan", "text/plain", b"x").status, 204);
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(connections(&s), 1);
+    assert_eq!(s.post("/live/fan", "text/plain", b"!").status, 204);
+    let mut got = String::new();
+    while !got.ends_with('!') {
+        let ev = stay
+            .next_event(deadline)
+            .expect("read")
+            .expect("the remaining subscriber is still served");
+        if ev.event == "data" {
+            got.push_str(&ev.data);
+        }
+    }
+    assert_eq!(got, format!("{}!", "x".repeat(sent)));
+}
