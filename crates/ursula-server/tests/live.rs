@@ -9,6 +9,17 @@ mod common;
 use common::{Server, SseStream, request};
 use std::time::{Duration, Instant};
 
+/// Opens an SSE read of `path` on `s` and checks its first event is the control event.
+fn open_sse(s: &Server, path: &str) -> SseStream {
+    let mut sse = SseStream::open(s.addr(), path).expect("sse");
+    let first = sse
+        .next_event(Instant::now() + Duration::from_secs(5))
+        .expect("read")
+        .expect("event");
+    assert_eq!(first.event, "control");
+    sse
+}
+
 #[test]
 fn sse_reader_keeps_its_stream_alive_while_the_group_is_busy() {
     // One group: every stream shares it, so other writes wake the reader constantly.
@@ -21,12 +32,7 @@ fn sse_reader_keeps_its_stream_alive_while_the_group_is_busy() {
     );
     assert_eq!(r.status, 201);
     assert_eq!(s.put("/live/busy", "text/plain", b"").status, 201);
-    let mut sse = SseStream::open(s.addr(), "/live/ttl?offset=now&live=sse").expect("sse");
-    let first = sse
-        .next_event(Instant::now() + Duration::from_secs(5))
-        .expect("read")
-        .expect("event");
-    assert_eq!(first.event, "control");
+    let _sse = open_sse(&s, "/live/ttl?offset=now&live=sse");
     // Keep the group busy for 3.5 s (well past the 2 s TTL) with writes to another stream.
     let end = Instant::now() + Duration::from_millis(3500);
     let mut n = 0;
@@ -150,12 +156,7 @@ fn commits_to_other_streams_do_not_wake_a_waiting_reader() {
         common::wait_until(Duration::from_secs(10), || s.metrics()["live_waiters"] == 1),
         "the long-poll never started waiting"
     );
-    let mut sse = SseStream::open(s.addr(), "/live/quiet?offset=now&live=sse").expect("sse");
-    let first = sse
-        .next_event(Instant::now() + Duration::from_secs(5))
-        .expect("read")
-        .expect("event");
-    assert_eq!(first.event, "control");
+    let mut sse = open_sse(&s, "/live/quiet?offset=now&live=sse");
 
     for _ in 0..100 {
         assert_eq!(s.post("/live/noisy", "text/plain", b"x").status, 204);
@@ -186,15 +187,7 @@ fn commits_to_other_streams_do_not_wake_a_waiting_reader() {
 fn sse_subscribers_that_leave_are_forgotten_and_the_others_keep_receiving() {
     let s = Server::start();
     assert_eq!(s.put("/live/fan", "text/plain", b"").status, 201);
-    let open = || {
-        let mut sse = SseStream::open(s.addr(), "/live/fan?offset=now&live=sse").expect("sse");
-        let ev = sse
-            .next_event(Instant::now() + Duration::from_secs(5))
-            .expect("read")
-            .expect("event");
-        assert_eq!(ev.event, "control");
-        sse
-    };
+    let open = || open_sse(&s, "/live/fan?offset=now&live=sse");
     let mut stay = open();
     let leaving: Vec<SseStream> = (0..3).map(|_| open()).collect();
     let connections = |s: &Server| s.metrics()["sse_connections"].as_u64().unwrap();
