@@ -203,7 +203,7 @@ fn sse_subscribers_that_leave_are_forgotten_and_the_others_keep_receiving() {
         );
         assert_eq!(s.post("/live/fan", "text/plain", b"x").status, 204);
         sent += 1;
-        std::thread::sleep(Duration::from_millis(20));
+        common::wait_until(Duration::from_millis(200), || connections(&s) <= 1);
     }
     assert_eq!(connections(&s), 1);
     assert_eq!(s.post("/live/fan", "text/plain", b"!").status, 204);

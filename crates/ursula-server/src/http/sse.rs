@@ -106,6 +106,13 @@ pub fn open(
 /// Counts an open SSE response in `ursula_sse_connections` while alive.
 struct Open(Arc<App>);
 
+impl Open {
+    fn new(app: &Arc<App>) -> Open {
+        app.metrics.sse_connections.fetch_add(1, Ordering::Relaxed);
+        Open(app.clone())
+    }
+}
+
 impl Drop for Open {
     fn drop(&mut self) {
         self.0
@@ -187,7 +194,7 @@ impl Live {
         cursor_echo: Option<String>,
         enc: Encoding,
     ) -> Live {
-        app.metrics.sse_connections.fetch_add(1, Ordering::Relaxed);
+        let open = Open::new(&app);
         // Registered before the first look at the stream, so no commit slips past.
         let watch = app.watchers.watch(app.group_of(&target.key), &target.key);
         let tick = v
@@ -213,7 +220,7 @@ impl Live {
             first: true,
             done: false,
             fresh: None,
-            _open: Open(app.clone()),
+            _open: open,
             app,
             target,
         }
@@ -259,8 +266,8 @@ impl Live {
                 return self.fail(&e.rejection.message);
             }
             if self.pos < t.tail {
-                let frame = if self.records.is_some() {
-                    self.record_frame(t).await
+                let frame = if let Some(r) = self.records {
+                    self.record_frame(t, r).await
                 } else {
                     self.data_frame(t).await
                 };
@@ -383,10 +390,7 @@ impl Live {
     }
 
     /// One batch of a record read and its control event.
-    async fn record_frame(&mut self, t: Tail) -> Result<Vec<u8>, ApiError> {
-        let Some(mut r) = self.records else {
-            return self.data_frame(t).await;
-        };
+    async fn record_frame(&mut self, t: Tail, mut r: Records) -> Result<Vec<u8>, ApiError> {
         let (mut out, end, up_to_date) =
             record_batch(&self.app, &self.target, t.incarnation, &mut r, self.batch).await?;
         self.records = Some(r);
