@@ -35,9 +35,13 @@ pub const ENOSPC: i32 = 28;
 #[derive(Debug)]
 struct Rule {
     op: FaultOp,
-    /// The first failing occurrence (1-based count of `op` since the filesystem was made).
-    first: u64,
-    /// How many occurrences from `first` on fail.
+    /// Only occurrences on this file (or directory) count, when set.
+    path: Option<PathBuf>,
+    /// Occurrences of `op` (on `path`) seen since the rule was planned.
+    seen: u64,
+    /// The first failing occurrence (1-based).
+    nth: u64,
+    /// How many occurrences from `nth` on fail.
     times: u64,
     errno: i32,
 }
@@ -70,11 +74,21 @@ impl FaultyFs {
     /// Makes the `nth` next occurrence of `op` (1 = the very next) and the `times - 1` after
     /// it fail with `errno` ([`EIO`] or [`ENOSPC`]).
     pub fn fail(&self, op: FaultOp, nth: u64, times: u64, errno: i32) {
-        let mut s = self.lock();
-        let first = s.counts[op.index()] + nth.max(1);
-        s.rules.push(Rule {
+        self.plan(op, None, nth, times, errno);
+    }
+
+    /// Like [`FaultyFs::fail`], but only occurrences on `path` count and fail: a test that
+    /// means the WAL's own sync is not fooled by a background thread syncing another file.
+    pub fn fail_at(&self, op: FaultOp, path: &Path, nth: u64, times: u64, errno: i32) {
+        self.plan(op, Some(path.to_path_buf()), nth, times, errno);
+    }
+
+    fn plan(&self, op: FaultOp, path: Option<PathBuf>, nth: u64, times: u64, errno: i32) {
+        self.lock().rules.push(Rule {
             op,
-            first,
+            path,
+            seen: 0,
+            nth: nth.max(1),
             times,
             errno,
         });
@@ -91,42 +105,45 @@ impl FaultyFs {
         self.lock().counts[op.index()]
     }
 
-    /// Counts one occurrence of `op` and returns the error planned for it, if any.
-    fn check(&self, op: FaultOp) -> io::Result<()> {
+    /// Counts one occurrence of `op` on `path` and returns the error planned for it, if any.
+    fn check(&self, op: FaultOp, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
         s.counts[op.index()] += 1;
-        let n = s.counts[op.index()];
         if s.full && matches!(op, FaultOp::Write | FaultOp::Allocate | FaultOp::Create) {
             return Err(io::Error::from_raw_os_error(ENOSPC));
         }
-        match s
-            .rules
-            .iter()
-            .find(|r| r.op == op && n >= r.first && n < r.first.saturating_add(r.times))
-        {
-            Some(r) => Err(io::Error::from_raw_os_error(r.errno)),
-            None => Ok(()),
+        let mut failure = None;
+        for r in &mut s.rules {
+            if r.op != op || r.path.as_deref().is_some_and(|p| p != path) {
+                continue;
+            }
+            r.seen += 1;
+            if failure.is_none() && r.seen >= r.nth && r.seen < r.nth.saturating_add(r.times) {
+                failure = Some(r.errno);
+            }
         }
+        failure.map_or(Ok(()), |errno| Err(io::Error::from_raw_os_error(errno)))
     }
 }
 
 #[derive(Debug)]
 struct FaultyFile {
     inner: Box<dyn FsFile>,
+    path: PathBuf,
     fs: FaultyFs,
 }
 
 impl FsFile for FaultyFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.fs.check(FaultOp::Write)?;
+        self.fs.check(FaultOp::Write, &self.path)?;
         self.inner.write_all_at(buf, offset)
     }
     fn sync_data(&self) -> io::Result<()> {
-        self.fs.check(FaultOp::Sync)?;
+        self.fs.check(FaultOp::Sync, &self.path)?;
         self.inner.sync_data()
     }
     fn sync_all(&self) -> io::Result<()> {
-        self.fs.check(FaultOp::Sync)?;
+        self.fs.check(FaultOp::Sync, &self.path)?;
         self.inner.sync_all()
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
@@ -136,7 +153,7 @@ impl FsFile for FaultyFile {
         self.inner.len()
     }
     fn zero_fill(&self, from: u64, to: u64, sync_each: bool) -> io::Result<()> {
-        self.fs.check(FaultOp::Allocate)?;
+        self.fs.check(FaultOp::Allocate, &self.path)?;
         self.inner.zero_fill(from, to, sync_each)
     }
 }
@@ -144,10 +161,11 @@ impl FsFile for FaultyFile {
 impl FileSystem for FaultyFs {
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn FsFile>> {
         if mode != OpenMode::Write {
-            self.check(FaultOp::Create)?;
+            self.check(FaultOp::Create, path)?;
         }
         Ok(Box::new(FaultyFile {
             inner: RealFs.open(path, mode)?,
+            path: path.to_path_buf(),
             fs: self.clone(),
         }))
     }
@@ -155,11 +173,11 @@ impl FileSystem for FaultyFs {
         RealFs.read(path)
     }
     fn read_durable(&self, path: &Path) -> io::Result<Vec<u8>> {
-        self.check(FaultOp::Sync)?;
+        self.check(FaultOp::Sync, path)?;
         RealFs.read_durable(path)
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.check(FaultOp::Rename)?;
+        self.check(FaultOp::Rename, from)?;
         RealFs.rename(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -169,7 +187,7 @@ impl FileSystem for FaultyFs {
         RealFs.create_dir_all(path)
     }
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
-        self.check(FaultOp::Sync)?;
+        self.check(FaultOp::Sync, path)?;
         RealFs.sync_dir(path)
     }
     fn read_dir(&self, path: &Path) -> io::Result<Vec<PathBuf>> {
@@ -210,5 +228,21 @@ mod tests {
         fs.set_full(false);
         f.write_all_at(b"x", 0).unwrap();
         assert_eq!(fs.count(FaultOp::Write), 2);
+    }
+
+    #[test]
+    fn a_fault_on_one_file_spares_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = FaultyFs::new();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let fa = fs.open(&a, OpenMode::CreateTruncate).unwrap();
+        let fb = fs.open(&b, OpenMode::CreateTruncate).unwrap();
+        fs.fail_at(FaultOp::Sync, &a, 2, 1, EIO);
+        assert!(fb.sync_all().is_ok());
+        assert!(fb.sync_all().is_ok());
+        assert!(fa.sync_data().is_ok());
+        assert_eq!(fa.sync_data().unwrap_err().raw_os_error(), Some(EIO));
+        assert!(fb.sync_data().is_ok());
+        assert!(fa.sync_data().is_ok());
     }
 }

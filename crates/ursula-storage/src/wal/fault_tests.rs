@@ -73,7 +73,9 @@ fn a_failed_sync_is_never_acknowledged_and_poisons_the_wal() {
         assert_eq!(append(&wal, n).unwrap(), n);
     }
     assert!(wal.health().failed().is_none());
-    fs.fail(FaultOp::Sync, 1, 1, EIO);
+    // The active segment's sync, not the background preparation's of the next segment.
+    let active = tmp.path().join(segment_file_name(1));
+    fs.fail_at(FaultOp::Sync, &active, 1, 1, EIO);
     let err = append(&wal, 4).unwrap_err();
     assert!(matches!(err, WalError::SyncFailed(_)), "{err}");
     // Nothing more is taken, even though the next sync would succeed.
@@ -157,7 +159,8 @@ fn enospc_from_a_sync_is_a_sync_failure_not_a_full_disk() {
     let tmp = tempfile::tempdir().unwrap();
     let fs = FaultyFs::new();
     let (wal, _) = Wal::open(tmp.path(), opts(&fs, 1 << 16)).unwrap();
-    fs.fail(FaultOp::Sync, 1, 1, ENOSPC);
+    let active = tmp.path().join(segment_file_name(1));
+    fs.fail_at(FaultOp::Sync, &active, 1, 1, ENOSPC);
     assert!(matches!(append(&wal, 1), Err(WalError::SyncFailed(_))));
     assert!(wal.health().failed().is_some());
 }
