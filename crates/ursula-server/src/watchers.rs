@@ -4,7 +4,9 @@
 //! waits on it; the state machine reports, after each applied batch, which streams the batch
 //! may have changed ([`ursula_raft::ApplyListener`]), and only their readers wake. Commits to
 //! other streams of the same group wake nobody, so thousands of readers spread over many
-//! streams cost nothing per unrelated append.
+//! streams cost nothing per unrelated append. A change to the whole group (a bucket purge, a
+//! snapshot install) wakes every watched stream of it, through the same one channel per
+//! stream: a waiting reader is registered with one sender only.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,8 +21,6 @@ struct Shard {
     watching: AtomicUsize,
     /// One sender per watched stream; the value is a change counter.
     streams: Mutex<HashMap<StreamKey, watch::Sender<u64>>>,
-    /// Bumped when any stream of the group may have changed (bucket purge, snapshot install).
-    everything: watch::Sender<u64>,
 }
 
 /// Registry of live readers by stream, one shard per Raft group.
@@ -35,7 +35,6 @@ impl Watchers {
                 .map(|_| Shard {
                     watching: AtomicUsize::new(0),
                     streams: Mutex::new(HashMap::new()),
-                    everything: watch::channel(0).0,
                 })
                 .collect(),
         })
@@ -59,7 +58,6 @@ impl Watchers {
                 group,
                 key: key.clone(),
                 rx: Some(watch::channel(0).1),
-                everything: watch::channel(0).1,
                 registered: false,
             };
         };
@@ -80,7 +78,6 @@ impl Watchers {
             group,
             key: key.clone(),
             rx: Some(rx),
-            everything: shard.everything.subscribe(),
             registered: true,
         }
     }
@@ -101,16 +98,18 @@ impl ursula_raft::ApplyListener for Watchers {
         let Some(shard) = self.shard(group) else {
             return;
         };
-        if everything {
-            shard.everything.send_modify(|n| *n = n.wrapping_add(1));
-        }
-        if changed.is_empty() {
+        let bump = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
+        if !everything && changed.is_empty() {
             return;
         }
         let streams = Self::lock(shard);
+        if everything {
+            streams.values().for_each(bump);
+            return;
+        }
         for key in changed {
             if let Some(tx) = streams.get(*key) {
-                tx.send_modify(|n| *n = n.wrapping_add(1));
+                bump(tx);
             }
         }
     }
@@ -124,7 +123,6 @@ pub struct StreamWatch {
     key: StreamKey,
     /// `None` only while being dropped (it is released under the shard lock).
     rx: Option<watch::Receiver<u64>>,
-    everything: watch::Receiver<u64>,
     registered: bool,
 }
 
@@ -135,17 +133,10 @@ impl StreamWatch {
         let Some(rx) = self.rx.as_mut() else {
             return std::future::pending().await;
         };
-        tokio::select! {
-            r = rx.changed() => {
-                if r.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
-            r = self.everything.changed() => {
-                if r.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
+        // The sender lives in the registry as long as a receiver does; an error would mean
+        // it was dropped anyway, and then nothing more can change.
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
         }
     }
 }

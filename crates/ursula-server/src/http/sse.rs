@@ -173,12 +173,19 @@ struct Live {
     stop: tokio::sync::watch::Receiver<bool>,
     /// Renews the TTL every quarter window while connected, and keeps the line warm.
     ticker: Interval,
-    started: Instant,
-    last_sent: Instant,
+    /// How far apart the ticker's ticks are.
+    tick: Duration,
+    /// Ticks since the response opened, and since a frame was last sent: the response's
+    /// clock, so that a delivery reads no time.
+    ticks: u32,
+    idle_ticks: u32,
     first: bool,
     done: bool,
     /// A look taken after the last wake-up and not acted on yet.
     fresh: Option<Tail>,
+    /// The last frame reached the tail of a look taken after the last wake-up: the next step
+    /// waits without looking again (a commit since that look has bumped the watch already).
+    at_tail: bool,
     _open: Open,
 }
 
@@ -206,6 +213,10 @@ impl Live {
             .min(KEEPALIVE);
         let now = Instant::now();
         Live {
+            tick,
+            ticks: 0,
+            idle_ticks: 0,
+            at_tail: false,
             incarnation: v.incarnation,
             pos: start,
             records,
@@ -215,8 +226,6 @@ impl Live {
             watch,
             stop: app.shutdown.subscribe(),
             ticker: tokio::time::interval_at(now + tick, tick),
-            started: now,
-            last_sent: now,
             first: true,
             done: false,
             fresh: None,
@@ -233,7 +242,7 @@ impl Live {
         }
         match self.step().await {
             Some(frame) => {
-                self.last_sent = Instant::now();
+                self.idle_ticks = 0;
                 Some(Bytes::from(frame))
             }
             None => {
@@ -249,7 +258,22 @@ impl Live {
         Some(error_event(msg))
     }
 
+    /// Whether the response has lived its [`MAX_LIFETIME`] (counted in ticks).
+    fn expired(&self) -> bool {
+        self.tick * self.ticks >= MAX_LIFETIME
+    }
+
     async fn step(&mut self) -> Option<Vec<u8>> {
+        if std::mem::take(&mut self.at_tail) {
+            if self.expired() {
+                return None;
+            }
+            match self.wait().await {
+                Woke::Changed => {}
+                Woke::KeepAlive => return Some(b":\n".to_vec()),
+                Woke::Stop => return None,
+            }
+        }
         loop {
             let t = match self.fresh.take() {
                 Some(t) => t,
@@ -292,9 +316,10 @@ impl Live {
                     },
                 );
                 self.cursor_echo = c;
+                self.at_tail = !t.closed;
                 return Some(out);
             }
-            if self.started.elapsed() > MAX_LIFETIME {
+            if self.expired() {
                 return None;
             }
             match self.wait().await {
@@ -311,7 +336,10 @@ impl Live {
         loop {
             tokio::select! {
                 () = self.watch.changed() => inc(&self.app.metrics.live_wakeups, 1),
-                _ = self.ticker.tick() => {}
+                _ = self.ticker.tick() => {
+                    self.ticks = self.ticks.saturating_add(1);
+                    self.idle_ticks = self.idle_ticks.saturating_add(1);
+                }
                 _ = self.stop.changed() => return Woke::Stop,
             }
             match look(&self.app, &self.target.key) {
@@ -319,7 +347,7 @@ impl Live {
                     if t.touch_due {
                         read::touch(&self.app, &self.target.key, t.incarnation).await;
                     }
-                    if self.last_sent.elapsed() >= KEEPALIVE {
+                    if self.tick * self.idle_ticks >= KEEPALIVE {
                         return Woke::KeepAlive;
                     }
                 }
@@ -385,7 +413,8 @@ impl Live {
         self.cursor_echo = c;
         self.pos = end;
         self.first = false;
-        self.done = closed || (at_tail && self.started.elapsed() > MAX_LIFETIME);
+        self.done = closed || (at_tail && self.expired());
+        self.at_tail = at_tail && !self.done;
         Ok(out)
     }
 
@@ -410,7 +439,8 @@ impl Live {
         self.cursor_echo = c;
         self.pos = end;
         self.first = false;
-        self.done = closed || (up_to_date && self.started.elapsed() > MAX_LIFETIME);
+        self.done = closed || (up_to_date && self.expired());
+        self.at_tail = end == t.tail && !self.done;
         Ok(out)
     }
 }
