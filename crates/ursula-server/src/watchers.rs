@@ -12,15 +12,44 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use tokio::sync::watch;
-use ursula_core::StreamKey;
+use ursula_core::{Incarnation, StreamKey};
+
+/// What a rendered window of a stream was rendered from: readers that ask for the same
+/// window of the same incarnation, seen at the same tail, get the same bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct FrameTag {
+    pub incarnation: Incarnation,
+    pub from: u64,
+    pub tail: u64,
+    /// The reader's window bound and encoding (opaque to the registry).
+    pub batch: u64,
+    pub encoding: u8,
+}
+
+/// The last window rendered for a stream's live readers: the end offset it reached and its
+/// bytes. Many SSE readers of one stream sit at the same position, so after a commit the
+/// first of them renders the new bytes and the others send the same frame.
+#[derive(Clone)]
+struct Frame {
+    tag: FrameTag,
+    end: u64,
+    bytes: Bytes,
+}
+
+/// One watched stream: its change counter and its last rendered frame.
+struct Entry {
+    tx: watch::Sender<u64>,
+    frame: Mutex<Option<Frame>>,
+}
 
 /// The readers of one group's streams.
 struct Shard {
     /// Registered [`StreamWatch`]es of this group (so the state machine can skip the work).
     watching: AtomicUsize,
-    /// One sender per watched stream; the value is a change counter.
-    streams: Mutex<HashMap<StreamKey, watch::Sender<u64>>>,
+    /// One entry per watched stream.
+    streams: Mutex<HashMap<StreamKey, Arc<Entry>>>,
 }
 
 /// Registry of live readers by stream, one shard per Raft group.
@@ -44,7 +73,7 @@ impl Watchers {
         self.shards.get(group as usize)
     }
 
-    fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<StreamKey, watch::Sender<u64>>> {
+    fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<StreamKey, Arc<Entry>>> {
         shard.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -58,18 +87,23 @@ impl Watchers {
                 group,
                 key: key.clone(),
                 rx: Some(watch::channel(0).1),
+                entry: None,
                 registered: false,
             };
         };
-        let rx = {
+        let (rx, entry) = {
             let mut streams = Self::lock(shard);
             shard.watching.fetch_add(1, Ordering::SeqCst);
             match streams.get(key) {
-                Some(tx) => tx.subscribe(),
+                Some(e) => (e.tx.subscribe(), Arc::clone(e)),
                 None => {
                     let (tx, rx) = watch::channel(0);
-                    streams.insert(key.clone(), tx);
-                    rx
+                    let e = Arc::new(Entry {
+                        tx,
+                        frame: Mutex::new(None),
+                    });
+                    streams.insert(key.clone(), Arc::clone(&e));
+                    (rx, e)
                 }
             }
         };
@@ -78,6 +112,7 @@ impl Watchers {
             group,
             key: key.clone(),
             rx: Some(rx),
+            entry: Some(entry),
             registered: true,
         }
     }
@@ -98,7 +133,7 @@ impl ursula_raft::ApplyListener for Watchers {
         let Some(shard) = self.shard(group) else {
             return;
         };
-        let bump = |tx: &watch::Sender<u64>| tx.send_modify(|n| *n = n.wrapping_add(1));
+        let bump = |e: &Arc<Entry>| e.tx.send_modify(|n| *n = n.wrapping_add(1));
         if !everything && changed.is_empty() {
             return;
         }
@@ -108,8 +143,8 @@ impl ursula_raft::ApplyListener for Watchers {
             return;
         }
         for key in changed {
-            if let Some(tx) = streams.get(*key) {
-                bump(tx);
+            if let Some(e) = streams.get(*key) {
+                bump(e);
             }
         }
     }
@@ -123,6 +158,8 @@ pub struct StreamWatch {
     key: StreamKey,
     /// `None` only while being dropped (it is released under the shard lock).
     rx: Option<watch::Receiver<u64>>,
+    /// The stream's entry (`None` for a group that does not exist).
+    entry: Option<Arc<Entry>>,
     registered: bool,
 }
 
@@ -137,6 +174,26 @@ impl StreamWatch {
         // it was dropped anyway, and then nothing more can change.
         if rx.changed().await.is_err() {
             std::future::pending::<()>().await;
+        }
+    }
+
+    /// The frame another reader of this stream rendered for `tag`, with the offset it ends
+    /// at, if it is the last one rendered.
+    pub fn rendered(&self, tag: &FrameTag) -> Option<(u64, Bytes)> {
+        let slot = self.entry.as_ref()?.frame.lock().ok()?;
+        slot.as_ref()
+            .filter(|f| f.tag == *tag)
+            .map(|f| (f.end, f.bytes.clone()))
+    }
+
+    /// Keeps `bytes` (ending at offset `end`) as the frame for `tag`, for the other readers.
+    pub fn keep_rendered(&self, tag: FrameTag, end: u64, bytes: &Bytes) {
+        if let Some(mut slot) = self.entry.as_ref().and_then(|e| e.frame.lock().ok()) {
+            *slot = Some(Frame {
+                tag,
+                end,
+                bytes: bytes.clone(),
+            });
         }
     }
 }
@@ -154,9 +211,10 @@ impl Drop for StreamWatch {
         // Release our receiver under the lock, so that of two readers leaving at once the
         // second always sees the first gone, and the last one removes the entry.
         drop(self.rx.take());
+        drop(self.entry.take());
         if streams
             .get(&self.key)
-            .is_some_and(|tx| tx.receiver_count() == 0)
+            .is_some_and(|e| e.tx.receiver_count() == 0)
         {
             streams.remove(&self.key);
         }
@@ -197,6 +255,61 @@ mod tests {
         ws.applied(1, &[], true);
         assert!(fires(&mut wa).await);
         assert!(fires(&mut wb).await);
+    }
+
+    #[tokio::test]
+    async fn readers_of_a_stream_share_its_last_rendered_frame() {
+        let ws = Watchers::new(1);
+        let (a, b) = (key("a"), key("b"));
+        let (r1, r2, other) = (ws.watch(0, &a), ws.watch(0, &a), ws.watch(0, &b));
+        let tag = FrameTag {
+            incarnation: Incarnation(7),
+            from: 0,
+            tail: 5,
+            batch: 64,
+            encoding: 0,
+        };
+        assert!(r2.rendered(&tag).is_none());
+        r1.keep_rendered(tag, 5, &Bytes::from_static(b"hello"));
+        assert_eq!(r2.rendered(&tag), Some((5, Bytes::from_static(b"hello"))));
+        // Another stream, another window, another tail: nothing to share.
+        assert!(other.rendered(&tag).is_none());
+        assert!(r2.rendered(&FrameTag { tail: 6, ..tag }).is_none());
+        assert!(r2.rendered(&FrameTag { batch: 32, ..tag }).is_none());
+        // The next frame replaces it; a reader that comes later sees it.
+        r2.keep_rendered(
+            FrameTag {
+                from: 5,
+                tail: 9,
+                ..tag
+            },
+            9,
+            &Bytes::from_static(b"more"),
+        );
+        assert!(r1.rendered(&tag).is_none());
+        let late = ws.watch(0, &a);
+        assert_eq!(
+            late.rendered(&FrameTag {
+                from: 5,
+                tail: 9,
+                ..tag
+            })
+            .map(|f| f.0),
+            Some(9)
+        );
+        // Once every reader left, the stream and its frame are forgotten.
+        drop((r1, r2, late));
+        let again = ws.watch(0, &a);
+        assert!(
+            again
+                .rendered(&FrameTag {
+                    from: 5,
+                    tail: 9,
+                    ..tag
+                })
+                .is_none()
+        );
+        drop(other);
     }
 
     #[tokio::test]

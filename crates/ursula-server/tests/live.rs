@@ -219,3 +219,60 @@ fn sse_subscribers_that_leave_are_forgotten_and_the_others_keep_receiving() {
     }
     assert_eq!(got, format!("{}!", "x".repeat(sent)));
 }
+
+/// Collects an SSE reader's data until it holds `len` bytes; returns them and the cursors of
+/// its control events.
+fn collect_sse(sse: &mut SseStream, len: usize) -> (String, Vec<u64>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut data, mut cursors) = (String::new(), Vec::new());
+    while data.len() < len {
+        let ev = sse.next_event(deadline).expect("read").expect("event");
+        match ev.event.as_str() {
+            "data" => data.push_str(&ev.data),
+            "control" => {
+                let c: serde_json::Value = serde_json::from_str(&ev.data).unwrap();
+                cursors.push(c["streamCursor"].as_str().unwrap().parse().unwrap());
+            }
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    (data, cursors)
+}
+
+#[test]
+fn sse_readers_of_one_stream_each_get_their_own_windows_and_cursors() {
+    // Readers at the same position share the rendered data of a commit; readers with another
+    // window size, or their own cursor, must still get exactly their own events.
+    let s = Server::start();
+    assert_eq!(s.put("/live/share", "text/plain", b"").status, 201);
+    let mut plain: Vec<SseStream> = (0..3)
+        .map(|_| open_sse(&s, "/live/share?offset=now&live=sse"))
+        .collect();
+    let mut small = open_sse(&s, "/live/share?offset=now&live=sse&max_bytes=2");
+    let mut cursored = open_sse(&s, "/live/share?offset=now&live=sse&cursor=90000");
+    let mut sent = String::new();
+    for word in ["alpha", "beta", "gamma-delta", "é!"] {
+        assert_eq!(
+            s.post("/live/share", "text/plain", word.as_bytes()).status,
+            204
+        );
+        sent.push_str(word);
+        // Each commit reaches every follower of the tail as one data event.
+        for r in &mut plain {
+            assert_eq!(collect_sse(r, word.len()).0, word);
+        }
+    }
+    // A late reader from the start takes the catch-up path, not the shared frame.
+    let mut late = SseStream::open(s.addr(), "/live/share?offset=-1&live=sse").expect("sse");
+    let (got, _) = collect_sse(&mut late, sent.len());
+    assert_eq!(got, sent);
+    let (got, cursors) = collect_sse(&mut small, sent.len());
+    assert_eq!(got, sent, "two-byte windows, characters whole");
+    assert!(cursors.len() > 4, "{cursors:?}");
+    let (got, cursors) = collect_sse(&mut cursored, sent.len());
+    assert_eq!(got, sent);
+    assert!(
+        cursors.windows(2).all(|w| w[1] > w[0]) && cursors[0] > 90000,
+        "a cursor never repeats and passes the echoed one: {cursors:?}"
+    );
+}

@@ -200,9 +200,19 @@ pub(super) fn if_none_match(hm: &HeaderMap, tag: &str) -> bool {
 
 /// The cursor of a live response (protocol.md §10.7).
 pub fn cursor(next: u64, echoed: Option<&str>) -> String {
-    match echoed.and_then(|c| c.parse::<u64>().ok()) {
-        Some(c) if c >= next => Off(c.saturating_add(1)).to_string(),
-        _ => Off(next).to_string(),
+    Off(cursor_value(
+        next,
+        echoed.and_then(|c| c.parse::<u64>().ok()),
+    ))
+    .to_string()
+}
+
+/// The cursor after `next` given the one the client echoed: past the echoed one if that is
+/// not behind `next`, so that a cursor never repeats (protocol.md §10.7).
+pub fn cursor_value(next: u64, echoed: Option<u64>) -> u64 {
+    match echoed {
+        Some(c) if c >= next => c.saturating_add(1),
+        _ => next,
     }
 }
 

@@ -15,7 +15,7 @@ use super::sse_frame::{
 use super::{ApiResult, headers as h, long_poll, record_read};
 use crate::app::App;
 use crate::metrics::inc;
-use crate::watchers::StreamWatch;
+use crate::watchers::{FrameTag, StreamWatch};
 use axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, Response};
@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::{Instant, Interval};
+use ursula_core::offset::Off;
 use ursula_core::records::{RecordQuery, envelope_into};
 use ursula_core::{Incarnation, StreamKey, content_type};
 
@@ -31,6 +32,8 @@ use ursula_core::{Incarnation, StreamKey, content_type};
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// Responses end at a control-event boundary after about this long (OQ-21).
 const MAX_LIFETIME: Duration = Duration::from_secs(60);
+/// The largest data event kept for the other readers of a stream (`StreamWatch::rendered`).
+const SHARED_FRAME_MAX: usize = 64 * 1024;
 
 /// A record-aware SSE read: the ordinal it is at, and the batch and view rules.
 #[derive(Clone, Copy)]
@@ -167,9 +170,13 @@ struct Live {
     pos: u64,
     records: Option<Records>,
     batch: u64,
-    cursor_echo: Option<String>,
+    /// The cursor the last control event carried (at first: the client's, if it is a
+    /// number); the next one is minted from it (protocol.md §10.7).
+    cursor: Option<u64>,
     enc: Encoding,
     watch: StreamWatch,
+    /// The control event that follows a data frame shared with other readers.
+    pending: Option<Bytes>,
     stop: tokio::sync::watch::Receiver<bool>,
     /// Renews the TTL every quarter window while connected, and keeps the line warm.
     ticker: Interval,
@@ -221,8 +228,9 @@ impl Live {
             pos: start,
             records,
             batch,
-            cursor_echo,
+            cursor: cursor_echo.and_then(|c| c.parse::<u64>().ok()),
             enc,
+            pending: None,
             watch,
             stop: app.shutdown.subscribe(),
             ticker: tokio::time::interval_at(now + tick, tick),
@@ -237,13 +245,16 @@ impl Live {
 
     /// The next frame of the response, or `None` once it has ended.
     async fn next(&mut self) -> Option<Bytes> {
+        if let Some(control) = self.pending.take() {
+            return Some(control);
+        }
         if self.done {
             return None;
         }
         match self.step().await {
             Some(frame) => {
                 self.idle_ticks = 0;
-                Some(Bytes::from(frame))
+                Some(frame)
             }
             None => {
                 self.done = true;
@@ -253,9 +264,32 @@ impl Live {
     }
 
     /// Ends the response after an error event.
-    fn fail(&mut self, msg: &str) -> Option<Vec<u8>> {
+    fn fail(&mut self, msg: &str) -> Option<Bytes> {
         self.done = true;
-        Some(error_event(msg))
+        Some(error_event(msg).into())
+    }
+
+    /// Appends the control event after `next`, with a fresh cursor unless `closed`.
+    fn control(
+        &mut self,
+        out: &mut Vec<u8>,
+        next: u64,
+        records: Option<(u64, u64)>,
+        up_to_date: bool,
+        closed: bool,
+    ) {
+        self.cursor = (!closed).then(|| read::cursor_value(next, self.cursor));
+        let digits = self.cursor.map(|c| Off(c).digits());
+        control_event(
+            out,
+            &Control {
+                next,
+                records,
+                cursor: digits.as_ref().and_then(|d| std::str::from_utf8(d).ok()),
+                up_to_date,
+                closed,
+            },
+        );
     }
 
     /// Whether the response has lived its [`MAX_LIFETIME`] (counted in ticks).
@@ -263,14 +297,14 @@ impl Live {
         self.tick * self.ticks >= MAX_LIFETIME
     }
 
-    async fn step(&mut self) -> Option<Vec<u8>> {
+    async fn step(&mut self) -> Option<Bytes> {
         if std::mem::take(&mut self.at_tail) {
             if self.expired() {
                 return None;
             }
             match self.wait().await {
                 Woke::Changed => {}
-                Woke::KeepAlive => return Some(b":\n".to_vec()),
+                Woke::KeepAlive => return Some(Bytes::from_static(b":\n")),
                 Woke::Stop => return None,
             }
         }
@@ -291,7 +325,7 @@ impl Live {
             }
             if self.pos < t.tail {
                 let frame = if let Some(r) = self.records {
-                    self.record_frame(t, r).await
+                    self.record_frame(t, r).await.map(Bytes::from)
                 } else {
                     self.data_frame(t).await
                 };
@@ -303,28 +337,18 @@ impl Live {
             if self.first || t.closed {
                 self.first = false;
                 self.done = t.closed;
-                let c = (!t.closed).then(|| read::cursor(t.tail, self.cursor_echo.as_deref()));
                 let mut out = Vec::with_capacity(160);
-                control_event(
-                    &mut out,
-                    &Control {
-                        next: t.tail,
-                        records: self.records.map(|r| (t.record_first, r.next)),
-                        cursor: c.as_deref(),
-                        up_to_date: true,
-                        closed: t.closed,
-                    },
-                );
-                self.cursor_echo = c;
+                let records = self.records.map(|r| (t.record_first, r.next));
+                self.control(&mut out, t.tail, records, true, t.closed);
                 self.at_tail = !t.closed;
-                return Some(out);
+                return Some(out.into());
             }
             if self.expired() {
                 return None;
             }
             match self.wait().await {
                 Woke::Changed => {}
-                Woke::KeepAlive => return Some(b":\n".to_vec()),
+                Woke::KeepAlive => return Some(Bytes::from_static(b":\n")),
                 Woke::Stop => return None,
             }
         }
@@ -360,8 +384,44 @@ impl Live {
         }
     }
 
-    /// One data event (at most `batch` bytes from `pos`) and its control event.
-    async fn data_frame(&mut self, t: Tail) -> Result<Vec<u8>, ApiError> {
+    /// One data event (at most `batch` bytes from `pos`), returned, and its control event,
+    /// left in `pending`. The data event is shared: readers of the stream at the same
+    /// position after the same commit send the bytes the first of them rendered.
+    async fn data_frame(&mut self, t: Tail) -> Result<Bytes, ApiError> {
+        let tag = FrameTag {
+            incarnation: t.incarnation,
+            from: self.pos,
+            tail: t.tail,
+            batch: self.batch,
+            encoding: self.enc as u8,
+        };
+        let (end, data) = match self.watch.rendered(&tag) {
+            Some(shared) => shared,
+            None => {
+                let (end, data) = self.render_data(t).await?;
+                // Readers that follow the tail share it; a catch-up window (up to a MiB) is
+                // not kept, so a stream's slot never pins a large frame.
+                if end == t.tail && data.len() <= SHARED_FRAME_MAX {
+                    self.watch.keep_rendered(tag, end, &data);
+                }
+                (end, data)
+            }
+        };
+        inc(&self.app.metrics.read_bytes, end - self.pos);
+        let at_tail = end == t.tail;
+        let closed = at_tail && t.closed;
+        let mut control = Vec::with_capacity(160);
+        self.control(&mut control, end, None, at_tail, closed);
+        self.pending = Some(control.into());
+        self.pos = end;
+        self.first = false;
+        self.done = closed || (at_tail && self.expired());
+        self.at_tail = at_tail && !self.done;
+        Ok(data)
+    }
+
+    /// Reads and renders the data event from `pos`; returns the offset it ends at.
+    async fn render_data(&self, t: Tail) -> Result<(u64, Bytes), ApiError> {
         let (app, key, pos) = (&self.app, &self.target.key, self.pos);
         let repr = if self.enc == Encoding::Json {
             Repr::JsonArray
@@ -387,12 +447,8 @@ impl Live {
                 read::collect(app, key, t.incarnation, (pos, end), &mut raw).await?;
             }
         }
-        inc(&app.metrics.read_bytes, end - pos);
-        let at_tail = end == t.tail;
-        let closed = at_tail && t.closed;
-        let c = (!closed).then(|| read::cursor(end, self.cursor_echo.as_deref()));
-        // Base64 grows the payload by a third; the events' own lines need about 150 bytes.
-        let mut out = Vec::with_capacity(raw.len() + raw.len() / 3 + 192);
+        // Base64 grows the payload by a third; the event's own lines need about 50 bytes.
+        let mut out = Vec::with_capacity(raw.len() + raw.len() / 3 + 64);
         if self.enc == Encoding::Json {
             let mut array = Vec::with_capacity(raw.len() + 2);
             ursula_core::json::ndjson_to_array(&raw, &mut array);
@@ -400,22 +456,7 @@ impl Live {
         } else {
             data_event(&mut out, self.enc, &raw);
         }
-        control_event(
-            &mut out,
-            &Control {
-                next: end,
-                records: None,
-                cursor: c.as_deref(),
-                up_to_date: at_tail,
-                closed,
-            },
-        );
-        self.cursor_echo = c;
-        self.pos = end;
-        self.first = false;
-        self.done = closed || (at_tail && self.expired());
-        self.at_tail = at_tail && !self.done;
-        Ok(out)
+        Ok((end, out.into()))
     }
 
     /// One batch of a record read and its control event.
@@ -424,19 +465,14 @@ impl Live {
             record_batch(&self.app, &self.target, t.incarnation, &mut r, self.batch).await?;
         self.records = Some(r);
         let closed = up_to_date && t.closed;
-        let c = (!closed).then(|| read::cursor(end, self.cursor_echo.as_deref()));
-        control_event(
+        self.control(
             &mut out,
-            &Control {
-                next: end,
-                records: Some((t.record_first, r.next)),
-                cursor: c.as_deref(),
-                up_to_date,
-                closed,
-            },
+            end,
+            Some((t.record_first, r.next)),
+            up_to_date,
+            closed,
         );
         inc(&self.app.metrics.read_bytes, end - self.pos);
-        self.cursor_echo = c;
         self.pos = end;
         self.first = false;
         self.done = closed || (up_to_date && self.expired());
