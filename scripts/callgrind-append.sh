@@ -8,34 +8,10 @@
 # prints: appends, appends per WAL sync, instructions per append; leaves the callgrind file
 # in $OUT for callgrind_annotate.
 set -euo pipefail
-ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
-BIN=${1:-$ROOT/target/release/ursula}
-BENCH=$ROOT/target/release/ursula-bench
 CONNS=${CONNS:-1}
 MEASURE=${SECONDS_MEASURED:-8}
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-rm -f "$OUT"/callgrind.out*
-command -v valgrind >/dev/null || { echo "valgrind is not installed"; exit 1; }
-[[ -x $BIN && -x $BENCH ]] || { echo "build first: cargo build --release --workspace --bins"; exit 1; }
-
-DATA=$(mktemp -d)
-LOG=$OUT/server.log
-NO_COLOR=1 valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.out" \
-  "$BIN" server --listen 127.0.0.1:0 --data-dir "$DATA/data" 2>"$LOG" &
-VG=$!
-cleanup() { kill "$VG" 2>/dev/null || true; wait "$VG" 2>/dev/null || true; rm -rf "$DATA"; }
-trap cleanup EXIT
-ADDR=
-for _ in $(seq 1 600); do
-  kill -0 "$VG" 2>/dev/null || break
-  ADDR=$(grep -o 'addr=[0-9.:]*' "$LOG" | head -n1 | cut -d= -f2 || true)
-  [[ -n $ADDR ]] && curl -sf "http://$ADDR/__ursula/health" >/dev/null && break
-  ADDR=
-  sleep 0.1
-done
-[[ -n $ADDR ]] || { echo "server did not start"; tail "$LOG"; exit 1; }
-URL=http://$ADDR
+# shellcheck source=lib/callgrind-server.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/lib/callgrind-server.sh"
 metric() { curl -s "$URL/__ursula/metrics/prometheus" | awk -v m="$1" '$1 == m {print $2}'; }
 
 # Warm up (streams created, code paths hot), then count only the measured window.

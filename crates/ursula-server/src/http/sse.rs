@@ -298,15 +298,10 @@ impl Live {
     }
 
     async fn step(&mut self) -> Option<Bytes> {
-        if std::mem::take(&mut self.at_tail) {
-            if self.expired() {
-                return None;
-            }
-            match self.wait().await {
-                Woke::Changed => {}
-                Woke::KeepAlive => return Some(Bytes::from_static(b":\n")),
-                Woke::Stop => return None,
-            }
+        if std::mem::take(&mut self.at_tail)
+            && let Err(instead) = self.idle().await
+        {
+            return instead;
         }
         loop {
             let t = match self.fresh.take() {
@@ -343,14 +338,22 @@ impl Live {
                 self.at_tail = !t.closed;
                 return Some(out.into());
             }
-            if self.expired() {
-                return None;
+            if let Err(instead) = self.idle().await {
+                return instead;
             }
-            match self.wait().await {
-                Woke::Changed => {}
-                Woke::KeepAlive => return Some(Bytes::from_static(b":\n")),
-                Woke::Stop => return None,
-            }
+        }
+    }
+
+    /// At the tail: waits until the stream changes (`Ok`), or says what to send instead: a
+    /// keep-alive comment, or the end of an expired or stopped response.
+    async fn idle(&mut self) -> Result<(), Option<Bytes>> {
+        if self.expired() {
+            return Err(None);
+        }
+        match self.wait().await {
+            Woke::Changed => Ok(()),
+            Woke::KeepAlive => Err(Some(Bytes::from_static(b":\n"))),
+            Woke::Stop => Err(None),
         }
     }
 
