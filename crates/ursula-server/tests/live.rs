@@ -268,7 +268,9 @@ fn sse_readers_of_one_stream_each_get_their_own_windows_and_cursors() {
     assert_eq!(got, sent);
     let (got, cursors) = collect_sse(&mut small, sent.len());
     assert_eq!(got, sent, "two-byte windows, characters whole");
-    assert!(cursors.len() > 4, "{cursors:?}");
+    // 23 bytes in windows of two bytes (a character whole), per commit: 13 data events, each
+    // with its control event; a frame shared from the readers of whole commits would be 4.
+    assert!(cursors.len() >= 12, "{cursors:?}");
     let (got, cursors) = collect_sse(&mut cursored, sent.len());
     assert_eq!(got, sent);
     assert!(

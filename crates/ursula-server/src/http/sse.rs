@@ -402,8 +402,9 @@ impl Live {
             Some(shared) => shared,
             None => {
                 let (end, data) = self.render_data(t).await?;
-                // Readers that follow the tail share it; a catch-up window (up to a MiB) is
-                // not kept, so a stream's slot never pins a large frame.
+                // Only a window that reaches the tail is kept (the one its followers ask
+                // for next), and only up to 64 KiB: a stream's slot never pins a large
+                // catch-up window.
                 if end == t.tail && data.len() <= SHARED_FRAME_MAX {
                     self.watch.keep_rendered(tag, end, &data);
                 }
