@@ -384,12 +384,27 @@ impl Node {
                 tracing::info!(group, "no quorum reachable: not handing over");
                 return;
             }
-            let mut refused = Vec::new();
-            while let Some(target) = self.transfer_target(group, &refused) {
+            // Targets that refused are not asked again; targets that were too slow (one
+            // attempt pauses the group's writes for at most MAX_PAUSE, which a loaded machine
+            // can exceed) are asked again once every other target was tried, while time is
+            // left.
+            let (mut refused, mut slow) = (Vec::new(), Vec::<u64>::new());
+            loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
                 }
+                let avoid: Vec<u64> = refused.iter().chain(&slow).copied().collect();
+                let target = match self.transfer_target(group, &avoid) {
+                    Some(t) => t,
+                    None if !slow.is_empty() => {
+                        slow.clear();
+                        let pause = Duration::from_millis(self.timing.heartbeat_ms);
+                        tokio::time::sleep(pause.min(left)).await;
+                        continue;
+                    }
+                    None => break,
+                };
                 match self.transfer_leader(group, target, left).await {
                     Ok(_) | Err(TransferError::NotLeader { .. }) => return,
                     Err(TransferError::Refused { target, reason }) => {
@@ -398,7 +413,7 @@ impl Node {
                     }
                     Err(e @ TransferError::Timeout { .. }) => {
                         tracing::info!(group, target, error = %e, "trying another target");
-                        refused.push(target);
+                        slow.push(target);
                     }
                     Err(e) => {
                         tracing::warn!(group, target, error = %e, "leadership transfer failed");
