@@ -7,11 +7,11 @@
 mod sim;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sim::*;
-use ursula_raft::{ProposeError, TransferError, shed};
+use ursula_raft::{ProposeError, RpcFuture, TransferError, Transport, TransportError, shed};
 
 /// Appends records `0..` to `key` in group 0 through any node until `stop`, following
 /// redirects. Returns the acknowledged record numbers and the longest time without an
@@ -295,5 +295,65 @@ async fn five_nodes_transfer_too() {
             started.elapsed()
         );
     }
+    c.shutdown().await;
+}
+
+/// Loses the elect requests (`wire.rs`: magic, version, kind 5, group) that node `from`
+/// sends until `until` (ms since `epoch`; 0: none is lost).
+struct LostElects {
+    me: u64,
+    from: Arc<AtomicU64>,
+    until_ms: Arc<AtomicU64>,
+    epoch: Instant,
+    inner: Arc<dyn Transport>,
+}
+
+impl Transport for LostElects {
+    fn send(&self, target: u64, frame: Vec<u8>, timeout: Duration) -> RpcFuture<'_> {
+        let elect = frame.len() == 10 && frame.starts_with(b"URPC") && frame[5] == 5;
+        let now_ms = self.epoch.elapsed().as_millis() as u64;
+        if elect
+            && self.from.load(Ordering::SeqCst) == self.me
+            && now_ms < self.until_ms.load(Ordering::SeqCst)
+        {
+            return Box::pin(async move { Err(TransportError::Failed(target, "lost".into())) });
+        }
+        self.inner.send(target, frame, timeout)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shedding_asks_a_target_again_after_every_hand_over_timed_out() {
+    // Every hand-over to either follower times out for a while (its elect requests are lost
+    // for longer than one attempt may pause the group): shedding keeps trying while its
+    // deadline lasts instead of giving the group up after one attempt per target.
+    let (from, until_ms, epoch) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Instant::now(),
+    );
+    let (f, u) = (Arc::clone(&from), Arc::clone(&until_ms));
+    let wrap: WrapTransport = Arc::new(move |me, inner| {
+        Arc::new(LostElects {
+            me,
+            from: Arc::clone(&f),
+            until_ms: Arc::clone(&u),
+            epoch,
+            inner,
+        }) as Arc<dyn Transport>
+    });
+    let c = Cluster::start_wrapped(3, 1, 20_000, Some(wrap)).await;
+    let all = c.ids();
+    let node = c.agreed_leader(0, &all).await;
+    from.store(node, Ordering::SeqCst);
+    // Both followers get one attempt of at most a second each before the requests go through.
+    until_ms.store(epoch.elapsed().as_millis() as u64 + 2_500, Ordering::SeqCst);
+    c.nodes[&node].set_shed(shed::MAINTENANCE, true);
+    let left = c.nodes[&node]
+        .shed_leaderships(Duration::from_secs(10))
+        .await;
+    assert!(left.is_empty(), "node {node} still leads {left:?}");
+    let others: Vec<u64> = all.iter().copied().filter(|&x| x != node).collect();
+    assert_ne!(c.agreed_leader(0, &others).await, node);
     c.shutdown().await;
 }

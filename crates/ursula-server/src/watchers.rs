@@ -31,7 +31,6 @@ pub struct FrameTag {
 /// The last window rendered for a stream's live readers: the end offset it reached and its
 /// bytes. Many SSE readers of one stream sit at the same position, so after a commit the
 /// first of them renders the new bytes and the others send the same frame.
-#[derive(Clone)]
 struct Frame {
     tag: FrameTag,
     end: u64,
@@ -180,21 +179,22 @@ impl StreamWatch {
     /// The frame another reader of this stream rendered for `tag`, with the offset it ends
     /// at, if it is the last one rendered.
     pub fn rendered(&self, tag: &FrameTag) -> Option<(u64, Bytes)> {
-        let slot = self.entry.as_ref()?.frame.lock().ok()?;
+        let slot = Self::slot(self.entry.as_ref()?);
         slot.as_ref()
             .filter(|f| f.tag == *tag)
             .map(|f| (f.end, f.bytes.clone()))
     }
 
     /// Keeps `bytes` (ending at offset `end`) as the frame for `tag`, for the other readers.
-    pub fn keep_rendered(&self, tag: FrameTag, end: u64, bytes: &Bytes) {
-        if let Some(mut slot) = self.entry.as_ref().and_then(|e| e.frame.lock().ok()) {
-            *slot = Some(Frame {
-                tag,
-                end,
-                bytes: bytes.clone(),
-            });
+    pub fn keep_rendered(&self, tag: FrameTag, end: u64, bytes: Bytes) {
+        if let Some(e) = &self.entry {
+            *Self::slot(e) = Some(Frame { tag, end, bytes });
         }
+    }
+
+    /// The frame slot (a slot written by a reader that panicked holds a whole frame or none).
+    fn slot(e: &Entry) -> MutexGuard<'_, Option<Frame>> {
+        e.frame.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -270,7 +270,7 @@ mod tests {
             encoding: 0,
         };
         assert!(r2.rendered(&tag).is_none());
-        r1.keep_rendered(tag, 5, &Bytes::from_static(b"hello"));
+        r1.keep_rendered(tag, 5, Bytes::from_static(b"hello"));
         assert_eq!(r2.rendered(&tag), Some((5, Bytes::from_static(b"hello"))));
         // Another stream, another window, another tail: nothing to share.
         assert!(other.rendered(&tag).is_none());
@@ -284,7 +284,7 @@ mod tests {
                 ..tag
             },
             9,
-            &Bytes::from_static(b"more"),
+            Bytes::from_static(b"more"),
         );
         assert!(r1.rendered(&tag).is_none());
         let late = ws.watch(0, &a);

@@ -406,7 +406,7 @@ impl Live {
                 // for next), and only up to 64 KiB: a stream's slot never pins a large
                 // catch-up window.
                 if end == t.tail && data.len() <= SHARED_FRAME_MAX {
-                    self.watch.keep_rendered(tag, end, &data);
+                    self.watch.keep_rendered(tag, end, data.clone());
                 }
                 (end, data)
             }
