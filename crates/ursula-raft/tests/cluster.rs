@@ -79,7 +79,7 @@ async fn three_nodes_elect_replicate_and_redirect() {
 async fn minority_cannot_commit_majority_elects_and_healing_converges() {
     let c = Cluster::start(3, 1, 20_000).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let watcher = c.watch_leaders(Arc::clone(&stop));
+    let watcher = c.watch_safety(Arc::clone(&stop));
     let all = c.ids();
     let key = key_in_group(0, 1, 0);
     let old = c.leader(0, &all).await;

@@ -54,7 +54,7 @@ async fn transfers_hand_leadership_over_without_a_gap_or_a_lost_write() {
     assert!(ok(&c.propose(&all, 0, create(&key), T).await.unwrap()));
 
     let stop = Arc::new(AtomicBool::new(false));
-    let watch = c.watch_leaders(Arc::clone(&stop));
+    let watch = c.watch_safety(Arc::clone(&stop));
     let w = writer(
         Arc::clone(&c),
         key.clone(),
