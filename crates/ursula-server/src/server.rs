@@ -2,6 +2,7 @@
 
 use crate::app::App;
 use crate::parse_errors::{Armed, JsonParseErrors};
+use crate::send_file::SendFile;
 use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -46,7 +47,7 @@ pub async fn run<H, F>(
         let app = app.clone();
         let handler = handler.clone();
         let armed = Armed::default();
-        let io = JsonParseErrors::new(stream, armed.clone());
+        let io = JsonParseErrors::new(SendFile::new(stream), armed.clone());
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             armed.disarm();
             // Boxed once here, so that hyper moves a pointer, not the handler's state.

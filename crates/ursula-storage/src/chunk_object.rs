@@ -83,6 +83,16 @@ impl ChunkLayout {
         Ok(at(first)..at(last) + last_len + CRC_LEN)
     }
 
+    /// Blocks of the payload.
+    pub fn blocks(&self) -> u64 {
+        self.payload_len.div_ceil(BLOCK_SIZE)
+    }
+
+    /// Where payload block `block`'s bytes start in the object (its checksum follows them).
+    pub fn block_offset(&self, block: u64) -> u64 {
+        HEADER_LEN as u64 + block * (BLOCK_SIZE + CRC_LEN)
+    }
+
     /// Checks the blocks fetched for [`ChunkLayout::object_range`]`(pos, len)` and appends
     /// payload `[pos, pos + len)` to `out` as slices of `fetched` (one per block touched, no
     /// copy).

@@ -92,6 +92,11 @@ impl Tiering {
                 "gauge",
                 self.cache.as_ref().map_or(0, |c| c.weight()),
             ),
+            (
+                "ursula_cold_sendfile_bytes_total",
+                "counter",
+                crate::send_file::SENT.load(Ordering::Relaxed),
+            ),
         ]);
         rows
     }

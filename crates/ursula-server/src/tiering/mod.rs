@@ -137,8 +137,11 @@ pub struct Tiering {
     pub cfg: TierConfig,
     pub metrics: TierMetrics,
     pub health: ColdHealth,
-    /// Verified cold blocks, when `[storage.cold.cache]` is configured.
+    /// Verified cold blocks, when `[storage.cold.cache]` is configured (not used for a
+    /// `local` store, whose objects are read from their files: [`Self::local`]).
     pub cache: Option<cold_read::BlockCache>,
+    /// The open objects of a `local` store.
+    local: crate::local_chunks::LocalChunks,
     /// Per group: a flush or GC pass is running (one at a time per group, so a flush always
     /// starts where the previous one ended).
     busy: Vec<AtomicBool>,
@@ -245,6 +248,7 @@ impl Tiering {
     pub fn new(store: Arc<dyn ColdStore>, cfg: TierConfig, groups: u32) -> Arc<Tiering> {
         Arc::new(Tiering {
             cache: cfg.cache.as_ref().and_then(cold_read::BlockCache::new),
+            local: Default::default(),
             store,
             cfg,
             metrics: TierMetrics::default(),
@@ -322,7 +326,7 @@ impl Tiering {
     }
 
     /// Appends the bytes of one cold piece to `out` (as slices of the fetched or cached
-    /// buffers), checked block by block. A missing
+    /// buffers, or of a `local` object's file), checked block by block. A missing
     /// object is [`FetchError::Missing`] (GC may have deleted it after the read was planned:
     /// the caller plans again) and does not count against the store's health.
     pub async fn fetch(
@@ -335,14 +339,17 @@ impl Tiering {
         let key =
             chunk_key(namespace, group, object).map_err(|e| FetchError::Failed(cold_failed(&e)))?;
         // `cold_read::read` appends nothing when it fails.
-        let read = cold_read::read(
-            self.store.as_ref(),
-            self.cache.as_ref(),
-            &key,
-            (group, object),
-            (pos, len, object_len),
-            out,
-        );
+        let read = async {
+            match self.store.local_file(&key) {
+                Some(path) => self.local.read(&path, (pos, len, object_len), out).await,
+                None => {
+                    let cache = self.cache.as_ref();
+                    let at = (group, object);
+                    let piece = (pos, len, object_len);
+                    cold_read::read(self.store.as_ref(), cache, &key, at, piece, out).await
+                }
+            }
+        };
         match self.timed(read).await {
             Ok(()) => self.health.set_ops(None),
             Err(cold_read::ReadError::Store(ColdError::NotFound { .. })) => {

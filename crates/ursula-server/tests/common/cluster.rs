@@ -343,10 +343,19 @@ impl Node {
     }
 
     /// The last `n` lines of the node's log (every start appends to one file).
+    /// The last `n` lines of the node's log; when the process panicked, the panic's message
+    /// (and the lines around it) first, which a long backtrace would push out of the tail.
     pub fn log_tail(&self, n: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        let tail = lines[lines.len().saturating_sub(n)..].join("\n");
+        match lines.iter().position(|l| l.contains("panicked at")) {
+            Some(at) => format!(
+                "{}\n...\n{tail}",
+                lines[at.saturating_sub(5)..(at + 12).min(lines.len())].join("\n")
+            ),
+            None => tail,
+        }
     }
 
     /// Path of the node's log file.

@@ -537,7 +537,10 @@ impl ColdConfig {
                     });
                 // An object must be on stable storage before the flush that references it is
                 // proposed (its hot bytes are then released): sync the file and its directory.
-                Arc::new(fs.with_fsync(true))
+                let fs = Arc::new(fs.with_fsync(true));
+                let store = ObjectColdStore::local(fs, self.root.as_deref())
+                    .map_err(ColdConfigError::InvalidRoot)?;
+                return Ok(Some(Arc::new(store)));
             }
             Backend::S3 => Arc::new(self.s3.build().map_err(|source| ColdConfigError::Build {
                 backend: "s3",

@@ -4,11 +4,13 @@ use super::{Body, ColdError, ObjectKey};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
+use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
     GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
 };
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// What the store knows of one object.
@@ -62,6 +64,14 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Checks that the store answers (a `head` of a key that need not exist).
     fn probe(&self) -> BoxFuture<'_, Result<(), ColdError>>;
+
+    /// The local file that holds `key`, when the store keeps its objects as plain files in a
+    /// local directory (the `local` backend), so a reader may open it directly; `None` for
+    /// every other store. The file's bytes are exactly what [`ColdStore::get`] answers, and
+    /// like every object it is never changed once created (it may be deleted).
+    fn local_file(&self, _key: &ObjectKey) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// [`ColdStore`] over an `object_store` backend (`LocalFileSystem`, `AmazonS3`, `InMemory`),
@@ -71,6 +81,8 @@ pub struct ObjectColdStore {
     store: Arc<dyn ObjectStore>,
     root: Option<Path>,
     name: &'static str,
+    /// The same store as `store` when it is a `LocalFileSystem` ([`Self::with_local`]).
+    local: Option<Arc<LocalFileSystem>>,
 }
 
 /// Key the health probe heads; it need not exist.
@@ -87,7 +99,20 @@ impl ObjectColdStore {
             Some(r) => Some(Path::from(ObjectKey::new(r.trim_matches('/'))?.as_str())),
             None => None,
         };
-        Ok(ObjectColdStore { store, root, name })
+        Ok(ObjectColdStore {
+            store,
+            root,
+            name,
+            local: None,
+        })
+    }
+
+    /// A store over a local directory: `local` is also the backend, and its files are the
+    /// objects ([`ColdStore::local_file`]).
+    pub fn local(local: Arc<LocalFileSystem>, root: Option<&str>) -> Result<Self, ColdError> {
+        let mut store = Self::new(local.clone(), root, "local")?;
+        store.local = Some(local);
+        Ok(store)
     }
 
     /// An in-memory store (tests).
@@ -96,6 +121,7 @@ impl ObjectColdStore {
             store: Arc::new(object_store::memory::InMemory::new()),
             root: None,
             name: "memory",
+            local: None,
         }
     }
 
@@ -261,5 +287,9 @@ impl ColdStore for ObjectColdStore {
                 Err(e) => Err(e),
             }
         })
+    }
+
+    fn local_file(&self, key: &ObjectKey) -> Option<PathBuf> {
+        self.local.as_ref()?.path_to_filesystem(&self.path(key)).ok()
     }
 }

@@ -1,0 +1,313 @@
+//! Response bytes that come from a local file leave with `sendfile(2)`: the kernel passes the
+//! file's page-cache pages to the socket, and the bytes never cross user space.
+//!
+//! hyper writes bodies from [`Bytes`] and offers no file path. So a file whose bytes a response
+//! may carry is mapped read-only ([`Mapped`]); a reader hands hyper [`Bytes`] that are slices of
+//! the mapping ([`Mapped::bytes`]), and [`SendFile`], between hyper and the socket, recognises
+//! a buffer inside a live mapping by its address and sends the same range of the file with
+//! `sendfile` instead of copying the buffer. The two are the same bytes (the mapping *is* the
+//! file's page cache), so whatever hyper does with the buffers, a client gets the right bytes:
+//! should hyper ever copy a body into its own buffer, that copy is written as usual (and reads
+//! the mapping), only slower. In the normal case the mapping's pages are never touched by this
+//! process at all.
+//!
+//! Only immutable files may be mapped: cold objects are created whole (written aside, then
+//! renamed into place) and never written again; a deleted one stays readable while mapped.
+//! Buffers under [`SENDFILE_MIN`] are not looked up (a response head, an append's answer):
+//! the check then costs one atomic load per write while no file is mapped, and a length
+//! comparison per buffer otherwise.
+
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::task::{Context, Poll, ready};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Buffers shorter than this are written, not sent from their file.
+pub const SENDFILE_MIN: usize = 8 * 1024;
+
+/// Live mappings by start address.
+static MAPS: RwLock<BTreeMap<usize, Weak<Mapped>>> = RwLock::new(BTreeMap::new());
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Bytes sent with `sendfile` since start (`ursula_sendfile_bytes_total`).
+pub static SENT: AtomicU64 = AtomicU64::new(0);
+
+/// A read-only mapping of a whole immutable file, registered so that [`SendFile`] can find it.
+pub struct Mapped {
+    file: File,
+    map: memmap2::Mmap,
+}
+
+impl std::fmt::Debug for Mapped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapped").field("len", &self.map.len()).finish()
+    }
+}
+
+impl Mapped {
+    /// Maps `file` (whose bytes must never change while it is open; see the module docs).
+    pub fn new(file: File) -> io::Result<Arc<Mapped>> {
+        // SAFETY: the mapping is read-only and the callers only map cold objects, which are
+        // never written or truncated once created (a `local` store writes an object to a
+        // staging name and renames it into place), so the bytes behind the mapping never
+        // change while it lives. Deleting the file leaves the mapping readable.
+        #[allow(unsafe_code, reason = "mapping an immutable file; see the SAFETY comment")]
+        let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
+        let mapped = Arc::new(Mapped { file, map });
+        if !mapped.map.is_empty() {
+            let mut maps = MAPS.write().unwrap_or_else(|e| e.into_inner());
+            maps.insert(mapped.map.as_ptr() as usize, Arc::downgrade(&mapped));
+            LIVE.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(mapped)
+    }
+
+    /// The file's length.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Bytes `[start, end)` of the file, as a slice of the mapping (nothing is read).
+    pub fn bytes(self: &Arc<Self>, start: usize, end: usize) -> Bytes {
+        Bytes::from_owner(Whole(self.clone())).slice(start..end)
+    }
+
+    /// Reads `[start, end)` of the file into memory (a copy: for bytes that must be checked).
+    pub fn read(&self, start: u64, end: u64) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0; usize::try_from(end - start).unwrap_or(0)];
+        self.file.read_exact_at(&mut buf, start)?;
+        Ok(buf)
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if !self.map.is_empty() {
+            let mut maps = MAPS.write().unwrap_or_else(|e| e.into_inner());
+            maps.remove(&(self.map.as_ptr() as usize));
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The owner of [`Mapped::bytes`]: the whole mapping.
+struct Whole(Arc<Mapped>);
+
+impl AsRef<[u8]> for Whole {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.map
+    }
+}
+
+/// The mapping `buf` lies in, and where `buf` starts in its file.
+fn source_of(buf: &[u8]) -> Option<(Arc<Mapped>, u64)> {
+    if buf.len() < SENDFILE_MIN || LIVE.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
+    let at = buf.as_ptr() as usize;
+    let maps = MAPS.read().unwrap_or_else(|e| e.into_inner());
+    let (&base, weak) = maps.range(..=at).next_back()?;
+    let mapped = weak.upgrade()?;
+    let inside = at + buf.len() <= base + mapped.map.len();
+    inside.then_some((mapped, (at - base) as u64))
+}
+
+/// Whether `buf` lies in a live mapping (for other modules' tests).
+#[cfg(test)]
+pub fn tests_source_of(buf: &[u8]) -> bool {
+    source_of(buf).is_some()
+}
+
+/// A connection's socket, sending buffers that lie in a [`Mapped`] file with `sendfile`.
+#[derive(Debug)]
+pub struct SendFile {
+    inner: TcpStream,
+}
+
+impl SendFile {
+    pub fn new(inner: TcpStream) -> Self {
+        SendFile { inner }
+    }
+
+    /// Sends `len` bytes of `file` from `offset`: the count sent, at least one byte.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        file: &File,
+        offset: u64,
+        len: usize,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.inner.poll_write_ready(cx))?;
+            let sent = self.inner.try_io(Interest::WRITABLE, || {
+                let mut at = offset;
+                rustix::fs::sendfile(&self.inner, file, Some(&mut at), len).map_err(io::Error::from)
+            });
+            match sent {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => {
+                    SENT.fetch_add(n as u64, Ordering::Relaxed);
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl AsyncRead for SendFile {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SendFile {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match source_of(buf) {
+            Some((m, offset)) => this.poll_send(cx, &m.file, offset, buf.len()),
+            None => Pin::new(&mut this.inner).poll_write(cx, buf),
+        }
+    }
+
+    /// Writes the buffers before the first one that lies in a mapped file as usual; when the
+    /// first does, sends it and the mapped buffers after it, while the socket takes them.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let mut sent = 0;
+        for (i, buf) in bufs.iter().enumerate() {
+            let Some((m, offset)) = source_of(buf) else {
+                if sent > 0 {
+                    break;
+                }
+                continue;
+            };
+            if sent == 0 && i > 0 {
+                return Pin::new(&mut this.inner).poll_write_vectored(cx, &bufs[..i]);
+            }
+            match this.poll_send(cx, &m.file, offset, buf.len()) {
+                Poll::Ready(Ok(n)) => {
+                    sent += n;
+                    if n < buf.len() {
+                        break;
+                    }
+                }
+                Poll::Ready(Err(e)) if sent == 0 => return Poll::Ready(Err(e)),
+                // What was sent is reported; the error comes back on the next call.
+                Poll::Ready(Err(_)) | Poll::Pending if sent > 0 => break,
+                other => return other,
+            }
+        }
+        if sent > 0 {
+            return Poll::Ready(Ok(sent));
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn only_mapped_buffers_of_sendfile_size_are_found() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let m = Mapped::new(f).unwrap();
+        let b = m.bytes(1000, 1000 + SENDFILE_MIN);
+        assert_eq!(&b[..], &data[1000..1000 + SENDFILE_MIN]);
+        let (found, at) = source_of(&b).unwrap();
+        assert!(Arc::ptr_eq(&found, &m));
+        assert_eq!(at, 1000);
+        assert!(source_of(&m.bytes(0, SENDFILE_MIN - 1)).is_none());
+        let copy = b.to_vec();
+        assert!(source_of(&copy).is_none(), "a copy is not the file");
+        drop((b, found));
+        let addr = m.map.as_ptr() as usize;
+        drop(m);
+        assert!(!MAPS.read().unwrap().contains_key(&addr));
+    }
+
+    #[tokio::test]
+    async fn a_mixed_write_arrives_byte_exact_and_the_file_part_by_sendfile() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        f.write_all(&data).unwrap();
+        let m = Mapped::new(f).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pieces = vec![
+            Bytes::from_static(b"head\r\n"),
+            m.bytes(10, 70_000),
+            Bytes::from_static(b"-"),
+            m.bytes(100_000, 300_000),
+            m.bytes(5, 9),
+        ];
+        let want: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
+        let before = SENT.load(Ordering::Relaxed);
+        let writer = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            let mut io = SendFile::new(sock);
+            let mut pieces = pieces;
+            // Vectored writes, as hyper does them, until every piece is out.
+            while !pieces.is_empty() {
+                let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+                let mut n = io.write_vectored(&slices).await.unwrap();
+                while n > 0 {
+                    let take = n.min(pieces[0].len());
+                    bytes::Buf::advance(&mut pieces[0], take);
+                    n -= take;
+                    if pieces[0].is_empty() {
+                        pieces.remove(0);
+                    }
+                }
+            }
+            io.shutdown().await.unwrap();
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::new();
+        client.read_to_end(&mut got).await.unwrap();
+        writer.await.unwrap();
+        assert!(got == want, "the bytes differ");
+        let by_sendfile = SENT.load(Ordering::Relaxed) - before;
+        assert!(
+            by_sendfile >= (70_000 - 10) + 200_000,
+            "only {by_sendfile} bytes went by sendfile"
+        );
+    }
+}
