@@ -10,6 +10,8 @@
 //! Pieces under [`SENDFILE_MIN`] are always read and checked (they would not be sent by
 //! `sendfile` anyway).
 //!
+//! An open object is read only while its file is still in the store (one `stat` per read),
+//! so a deleted object or a store that went away answers as a fetch from the store would.
 //! The OS page cache is the read cache here; `[storage.cold.cache]` serves other backends.
 
 use crate::cold_read::ReadError;
@@ -65,6 +67,11 @@ impl LocalChunks {
         if let Some(open) = self.open.get(path)
             && open.opened.elapsed() < RECHECK_AFTER
         {
+            // An open object is still read only while the store still has it: a deleted
+            // object, or a store that went away, answers as a fetch from it would.
+            tokio::fs::metadata(path)
+                .await
+                .map_err(|e| store_error(path, e))?;
             return Ok(open);
         }
         let p = path.to_owned();
@@ -73,7 +80,9 @@ impl LocalChunks {
             .map_err(|e| store_error(path, std::io::Error::other(e)))?
             .map_err(|e| store_error(path, e))?;
         // The layout's last block ends this far into the object; a shorter file is corrupt.
-        let need = layout.object_range(0, layout.payload_len).map_or(0, |r| r.end);
+        let need = layout
+            .object_range(0, layout.payload_len)
+            .map_or(0, |r| r.end);
         if file.len() < need {
             return Err(ReadError::Corrupt(ChunkError::Short {
                 expected: need,
@@ -82,7 +91,9 @@ impl LocalChunks {
         }
         let open = Arc::new(Open {
             file,
-            checked: (0..layout.blocks()).map(|_| AtomicBool::new(false)).collect(),
+            checked: (0..layout.blocks())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             opened: Instant::now(),
         });
         self.open.insert(path.to_owned(), open.clone());
@@ -227,7 +238,10 @@ mod tests {
         let c = LocalChunks::default();
         let mut out = vec![Bytes::from_static(b"x")];
         let got = c.read(&path, (0, n as u64, n as u64), &mut out).await;
-        assert!(matches!(got, Err(ReadError::Corrupt(ChunkError::BadBlock { block: 1 }))));
+        assert!(matches!(
+            got,
+            Err(ReadError::Corrupt(ChunkError::BadBlock { block: 1 }))
+        ));
         assert_eq!(out.len(), 1);
         // The blocks before it read fine.
         let ok = read(&c, &path, (0, 1000, n as u64)).await;
@@ -235,14 +249,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_open_object_that_was_deleted_is_missing() {
+        let n = 2 * BLOCK_SIZE as usize;
+        let (_d, path, p) = object(n);
+        let c = LocalChunks::default();
+        let got = read(&c, &path, (0, n as u64, n as u64)).await;
+        assert!(got.concat() == p);
+        std::fs::remove_file(&path).unwrap();
+        let mut out = Vec::new();
+        let gone = c.read(&path, (0, n as u64, n as u64), &mut out).await;
+        assert!(matches!(
+            gone,
+            Err(ReadError::Store(ColdError::NotFound { .. }))
+        ));
+        assert!(out.is_empty());
+    }
+
+    #[tokio::test]
     async fn a_missing_or_short_object_is_an_error() {
         let (_d, path, _p) = object(100_000);
         let c = LocalChunks::default();
         let mut out = Vec::new();
-        let missing = c.read(&path.with_extension("x"), (0, 10, 100_000), &mut out).await;
-        assert!(matches!(missing, Err(ReadError::Store(ColdError::NotFound { .. }))));
+        let missing = c
+            .read(&path.with_extension("x"), (0, 10, 100_000), &mut out)
+            .await;
+        assert!(matches!(
+            missing,
+            Err(ReadError::Store(ColdError::NotFound { .. }))
+        ));
         let short = c.read(&path, (0, 10, 200_000), &mut out).await;
-        assert!(matches!(short, Err(ReadError::Corrupt(ChunkError::Short { .. }))));
+        assert!(matches!(
+            short,
+            Err(ReadError::Corrupt(ChunkError::Short { .. }))
+        ));
         assert!(out.is_empty());
     }
 }

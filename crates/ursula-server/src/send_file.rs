@@ -45,7 +45,9 @@ pub struct Mapped {
 
 impl std::fmt::Debug for Mapped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mapped").field("len", &self.map.len()).finish()
+        f.debug_struct("Mapped")
+            .field("len", &self.map.len())
+            .finish()
     }
 }
 
@@ -56,7 +58,10 @@ impl Mapped {
         // never written or truncated once created (a `local` store writes an object to a
         // staging name and renames it into place), so the bytes behind the mapping never
         // change while it lives. Deleting the file leaves the mapping readable.
-        #[allow(unsafe_code, reason = "mapping an immutable file; see the SAFETY comment")]
+        #[allow(
+            unsafe_code,
+            reason = "mapping an immutable file; see the SAFETY comment"
+        )]
         let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
         let mapped = Arc::new(Mapped { file, map });
         if !mapped.map.is_empty() {

@@ -468,7 +468,11 @@ fn the_cold_tier_works_on_a_real_s3_server() {
     assert!(again == want);
     assert!(metric(&s, "cold_cache_hits_total") > 0, "{}", s.metrics());
     assert!(metric(&s, "cold_cache_bytes") <= 4 << 20);
-    assert_eq!(metric(&s, "cold_sendfile_bytes_total"), 0, "S3 bytes are not files");
+    assert_eq!(
+        metric(&s, "cold_sendfile_bytes_total"),
+        0,
+        "S3 bytes are not files"
+    );
 }
 
 /// An object left by a flush that uploaded but never committed (a crash between the two) is

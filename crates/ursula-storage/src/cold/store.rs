@@ -290,6 +290,9 @@ impl ColdStore for ObjectColdStore {
     }
 
     fn local_file(&self, key: &ObjectKey) -> Option<PathBuf> {
-        self.local.as_ref()?.path_to_filesystem(&self.path(key)).ok()
+        self.local
+            .as_ref()?
+            .path_to_filesystem(&self.path(key))
+            .ok()
     }
 }
