@@ -78,16 +78,29 @@ async fn read_checked(
     store: &dyn ColdStore,
     key: &ObjectKey,
     layout: ChunkLayout,
-    (start, end): (u64, u64),
+    span: (u64, u64),
     out: &mut Vec<Bytes>,
 ) -> Result<(), ReadError> {
+    let fetch = |range| async move { store.get_range(key, range).await.map_err(ReadError::Store) };
+    fetch_checked(layout, span, out, fetch).await
+}
+
+/// Fetches the object bytes of the blocks payload `[start, end)` touches with `fetch`, checks
+/// them and appends the payload to `out` as slices of the fetched bytes (nothing on an error).
+pub(crate) async fn fetch_checked<F, Fut>(
+    layout: ChunkLayout,
+    (start, end): (u64, u64),
+    out: &mut Vec<Bytes>,
+    fetch: F,
+) -> Result<(), ReadError>
+where
+    F: FnOnce(std::ops::Range<u64>) -> Fut,
+    Fut: std::future::Future<Output = Result<Bytes, ReadError>>,
+{
     let range = layout
         .object_range(start, end - start)
         .map_err(ReadError::Corrupt)?;
-    let fetched = store
-        .get_range(key, range)
-        .await
-        .map_err(ReadError::Store)?;
+    let fetched = fetch(range).await?;
     layout
         .extract(&fetched, start, end - start, out)
         .map_err(ReadError::Corrupt)

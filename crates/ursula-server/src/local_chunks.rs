@@ -159,23 +159,21 @@ async fn check_run(
     (start, end): (u64, u64),
     out: &mut Vec<Bytes>,
 ) -> Result<(), ReadError> {
-    let range = layout
-        .object_range(start, end - start)
-        .map_err(ReadError::Corrupt)?;
-    let file = open.file.clone();
-    let fetched = tokio::task::spawn_blocking(move || file.read(range.start, range.end))
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|r| r)
+    let fetch = |range: std::ops::Range<u64>| async move {
+        let file = open.file.clone();
+        match tokio::task::spawn_blocking(move || file.read(range.start, range.end)).await {
+            Ok(Ok(bytes)) => Ok(Bytes::from(bytes)),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(std::io::Error::other(e)),
+        }
         .map_err(|e| {
             ReadError::Store(ColdError::Unavailable {
                 operation: "read",
                 source: Box::new(e),
             })
-        })?;
-    layout
-        .extract(&Bytes::from(fetched), start, end - start, out)
-        .map_err(ReadError::Corrupt)?;
+        })
+    };
+    crate::cold_read::fetch_checked(layout, (start, end), out, fetch).await?;
     for b in start / BLOCK_SIZE..=(end - 1) / BLOCK_SIZE {
         if let Some(c) = open.checked.get(b as usize) {
             c.store(true, Ordering::Release);
