@@ -49,6 +49,30 @@ fn sse_reader_keeps_its_stream_alive_while_the_group_is_busy() {
 }
 
 #[test]
+fn an_idle_sse_response_sends_a_keep_alive_comment_after_15_s_and_stays_live() {
+    let s = Server::start();
+    assert_eq!(s.put("/live/idle", "text/plain", b"").status, 201);
+    let mut sse = open_sse(&s, "/live/idle?offset=now&live=sse");
+    let opened = Instant::now();
+    let got = sse
+        .wait_for(b":\n", opened + Duration::from_secs(25))
+        .expect("read");
+    let after = opened.elapsed();
+    assert!(got, "the response ended instead of keeping alive");
+    assert!(
+        after >= Duration::from_secs(14),
+        "a keep-alive comment after only {after:?} of silence"
+    );
+    // Still live: the next append arrives as a data event.
+    assert_eq!(s.post("/live/idle", "text/plain", b"hi").status, 204);
+    let ev = sse
+        .next_event(Instant::now() + Duration::from_secs(5))
+        .expect("read")
+        .expect("event");
+    assert_eq!((ev.event.as_str(), ev.data.as_str()), ("data", "hi"));
+}
+
+#[test]
 fn sse_reader_ends_when_the_stream_is_recreated() {
     let s = Server::start();
     assert_eq!(s.put("/live/re", "text/plain", b"old").status, 201);

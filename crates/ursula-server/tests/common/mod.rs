@@ -971,6 +971,21 @@ impl SseStream {
         }
     }
 
+    /// Reads until the unread body holds `needle` (`Ok(true)`), or the response ends
+    /// (`Ok(false)`); an error on timeout. Comments (`:` lines) are kept in the unread body
+    /// until [`Self::next_event`] passes them.
+    pub fn wait_for(&mut self, needle: &[u8], deadline: Instant) -> io::Result<bool> {
+        loop {
+            if self.buf.windows(needle.len()).any(|w| w == needle) {
+                return Ok(true);
+            }
+            if self.ended || !self.fill(deadline)? {
+                self.ended = true;
+                return Ok(false);
+            }
+        }
+    }
+
     /// The next event, `Ok(None)` when the response has ended; an error on timeout.
     pub fn next_event(&mut self, deadline: Instant) -> io::Result<Option<SseEvent>> {
         loop {
