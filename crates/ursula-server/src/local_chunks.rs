@@ -67,12 +67,16 @@ impl LocalChunks {
         if let Some(open) = self.open.get(path)
             && open.opened.elapsed() < RECHECK_AFTER
         {
-            // An open object is still read only while the store still has it: a deleted
-            // object, or a store that went away, answers as a fetch from it would.
-            tokio::fs::metadata(path)
+            // An open object is still read only while the store still has that very file: a
+            // deleted object, or a store that went away, answers as a fetch from it would,
+            // and a key that names another file now (never done, objects are immutable) is
+            // opened afresh.
+            let meta = tokio::fs::metadata(path)
                 .await
                 .map_err(|e| store_error(path, e))?;
-            return Ok(open);
+            if open.file.same_file(&meta) {
+                return Ok(open);
+            }
         }
         let p = path.to_owned();
         let file = tokio::task::spawn_blocking(move || Mapped::new(std::fs::File::open(&p)?))
@@ -261,6 +265,24 @@ mod tests {
             Err(ReadError::Store(ColdError::NotFound { .. }))
         ));
         assert!(out.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_key_that_names_another_file_is_opened_afresh() {
+        let n = 2 * BLOCK_SIZE as usize;
+        let (_d, path, p) = object(n);
+        let c = LocalChunks::default();
+        for _ in 0..2 {
+            assert!(read(&c, &path, (0, n as u64, n as u64)).await.concat() == p);
+        }
+        // Replaced by another file of the same length (a rename over it, as a store writes).
+        let other: Vec<u8> = p.iter().map(|b| b ^ 0x55).collect();
+        let mut w = ChunkWriter::new(n as u64);
+        w.write(&other);
+        let aside = path.with_extension("new");
+        std::fs::write(&aside, w.finish().unwrap()).unwrap();
+        std::fs::rename(&aside, &path).unwrap();
+        assert!(read(&c, &path, (0, n as u64, n as u64)).await.concat() == other);
     }
 
     #[tokio::test]

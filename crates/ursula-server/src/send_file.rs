@@ -41,6 +41,8 @@ pub static SENT: AtomicU64 = AtomicU64::new(0);
 pub struct Mapped {
     file: File,
     map: memmap2::Mmap,
+    /// The file's device and inode.
+    id: (u64, u64),
 }
 
 impl std::fmt::Debug for Mapped {
@@ -63,7 +65,10 @@ impl Mapped {
             reason = "mapping an immutable file; see the SAFETY comment"
         )]
         let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
-        let mapped = Arc::new(Mapped { file, map });
+        use std::os::unix::fs::MetadataExt;
+        let meta = file.metadata()?;
+        let id = (meta.dev(), meta.ino());
+        let mapped = Arc::new(Mapped { file, map, id });
         if !mapped.map.is_empty() {
             let mut maps = MAPS.write().unwrap_or_else(|e| e.into_inner());
             maps.insert(mapped.map.as_ptr() as usize, Arc::downgrade(&mapped));
@@ -80,6 +85,12 @@ impl Mapped {
     /// Bytes `[start, end)` of the file, as a slice of the mapping (nothing is read).
     pub fn bytes(self: &Arc<Self>, start: usize, end: usize) -> Bytes {
         Bytes::from_owner(Whole(self.clone())).slice(start..end)
+    }
+
+    /// Whether `meta` describes the mapped file (same device and inode).
+    pub fn same_file(&self, meta: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.id == (meta.dev(), meta.ino())
     }
 
     /// Reads `[start, end)` of the file into memory (a copy: for bytes that must be checked).
