@@ -71,13 +71,18 @@ impl LocalChunks {
             // deleted object, or a store that went away, answers as a fetch from it would,
             // and a key that names another file now (never done, objects are immutable) is
             // opened afresh.
-            let meta = tokio::fs::metadata(path)
-                .await
-                .map_err(|e| store_error(path, e))?;
-            if open.file.same_file(&meta) {
-                return Ok(open);
+            match tokio::fs::metadata(path).await {
+                Ok(meta) if open.file.same_file(&meta) => return Ok(open),
+                Ok(_) => {}
+                Err(e) => {
+                    // Not kept open for a file that is gone (its space is freed once the
+                    // responses still sending from it are done).
+                    self.open.remove(path);
+                    return Err(store_error(path, e));
+                }
             }
         }
+        self.open.remove(path);
         let p = path.to_owned();
         let file = tokio::task::spawn_blocking(move || Mapped::new(std::fs::File::open(&p)?))
             .await
@@ -165,17 +170,16 @@ async fn check_run(
 ) -> Result<(), ReadError> {
     let fetch = |range: std::ops::Range<u64>| async move {
         let file = open.file.clone();
+        let expected = range.end - range.start;
         match tokio::task::spawn_blocking(move || file.read(range.start, range.end)).await {
             Ok(Ok(bytes)) => Ok(Bytes::from(bytes)),
-            Ok(Err(e)) => Err(e),
-            Err(e) => Err(std::io::Error::other(e)),
+            // The file is shorter than when it was opened: not what a store does.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(ReadError::Corrupt(ChunkError::Short { expected, got: 0 }))
+            }
+            Ok(Err(e)) => Err(store_error(&PathBuf::new(), e)),
+            Err(e) => Err(store_error(&PathBuf::new(), std::io::Error::other(e))),
         }
-        .map_err(|e| {
-            ReadError::Store(ColdError::Unavailable {
-                operation: "read",
-                source: Box::new(e),
-            })
-        })
     };
     crate::cold_read::fetch_checked(layout, (start, end), out, fetch).await?;
     for b in start / BLOCK_SIZE..=(end - 1) / BLOCK_SIZE {

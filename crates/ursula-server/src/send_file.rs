@@ -18,6 +18,7 @@
 //! comparison per buffer otherwise.
 
 use bytes::Bytes;
+use rustix::io::Errno;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, IoSlice};
@@ -31,10 +32,11 @@ use tokio::net::TcpStream;
 /// Buffers shorter than this are written, not sent from their file.
 pub const SENDFILE_MIN: usize = 8 * 1024;
 
-/// Live mappings by start address.
-static MAPS: RwLock<BTreeMap<usize, Weak<Mapped>>> = RwLock::new(BTreeMap::new());
+/// Live mappings by start address: their length and the mapping. An `Arc` upgraded from an
+/// entry is never dropped while the lock is held (the last drop takes the write lock).
+static MAPS: RwLock<BTreeMap<usize, (usize, Weak<Mapped>)>> = RwLock::new(BTreeMap::new());
 static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// Bytes sent with `sendfile` since start (`ursula_sendfile_bytes_total`).
+/// Bytes sent with `sendfile` since start (`ursula_cold_sendfile_bytes_total`).
 pub static SENT: AtomicU64 = AtomicU64::new(0);
 
 /// A read-only mapping of a whole immutable file, registered so that [`SendFile`] can find it.
@@ -71,7 +73,8 @@ impl Mapped {
         let mapped = Arc::new(Mapped { file, map, id });
         if !mapped.map.is_empty() {
             let mut maps = MAPS.write().unwrap_or_else(|e| e.into_inner());
-            maps.insert(mapped.map.as_ptr() as usize, Arc::downgrade(&mapped));
+            let entry = (mapped.map.len(), Arc::downgrade(&mapped));
+            maps.insert(mapped.map.as_ptr() as usize, entry);
             LIVE.fetch_add(1, Ordering::Relaxed);
         }
         Ok(mapped)
@@ -127,11 +130,19 @@ fn source_of(buf: &[u8]) -> Option<(Arc<Mapped>, u64)> {
         return None;
     }
     let at = buf.as_ptr() as usize;
-    let maps = MAPS.read().unwrap_or_else(|e| e.into_inner());
-    let (&base, weak) = maps.range(..=at).next_back()?;
+    let (base, weak) = {
+        let maps = MAPS.read().unwrap_or_else(|e| e.into_inner());
+        let (&base, (len, weak)) = maps.range(..=at).next_back()?;
+        if at + buf.len() > base + len {
+            return None;
+        }
+        (base, weak.clone())
+    };
+    // Upgraded after the lock is released: dropping this `Arc` may drop the mapping, whose
+    // `Drop` takes the write lock. (Live mappings never overlap, so the one found is the one
+    // whose `Bytes` holds `buf`, alive while `buf` is.)
     let mapped = weak.upgrade()?;
-    let inside = at + buf.len() <= base + mapped.map.len();
-    inside.then_some((mapped, (at - base) as u64))
+    Some((mapped, (at - base) as u64))
 }
 
 /// Whether `buf` lies in a live mapping (for other modules' tests).
@@ -151,24 +162,35 @@ impl SendFile {
         SendFile { inner }
     }
 
-    /// Sends `len` bytes of `file` from `offset`: the count sent, at least one byte.
+    /// Sends `buf`, which is bytes `offset..` of `file`, from the file: the count sent, at
+    /// least one byte. A file system without `sendfile` gets `buf` written instead.
     fn poll_send(
         &self,
         cx: &mut Context<'_>,
+        buf: &[u8],
         file: &File,
         offset: u64,
-        len: usize,
     ) -> Poll<io::Result<usize>> {
         loop {
             ready!(self.inner.poll_write_ready(cx))?;
             let sent = self.inner.try_io(Interest::WRITABLE, || {
                 let mut at = offset;
-                rustix::fs::sendfile(&self.inner, file, Some(&mut at), len).map_err(io::Error::from)
+                match rustix::fs::sendfile(&self.inner, file, Some(&mut at), buf.len()) {
+                    Ok(n) => Ok((n, true)),
+                    Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                        rustix::io::write(&self.inner, buf)
+                            .map(|n| (n, false))
+                            .map_err(io::Error::from)
+                    }
+                    Err(e) => Err(io::Error::from(e)),
+                }
             });
             match sent {
-                Ok(0) => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
-                Ok(n) => {
-                    SENT.fetch_add(n as u64, Ordering::Relaxed);
+                Ok((0, _)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok((n, by_sendfile)) => {
+                    if by_sendfile {
+                        SENT.fetch_add(n as u64, Ordering::Relaxed);
+                    }
                     return Poll::Ready(Ok(n));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -196,7 +218,7 @@ impl AsyncWrite for SendFile {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         match source_of(buf) {
-            Some((m, offset)) => this.poll_send(cx, &m.file, offset, buf.len()),
+            Some((m, offset)) => this.poll_send(cx, buf, &m.file, offset),
             None => Pin::new(&mut this.inner).poll_write(cx, buf),
         }
     }
@@ -220,7 +242,7 @@ impl AsyncWrite for SendFile {
             if sent == 0 && i > 0 {
                 return Pin::new(&mut this.inner).poll_write_vectored(cx, &bufs[..i]);
             }
-            match this.poll_send(cx, &m.file, offset, buf.len()) {
+            match this.poll_send(cx, buf, &m.file, offset) {
                 Poll::Ready(Ok(n)) => {
                     sent += n;
                     if n < buf.len() {
@@ -275,7 +297,12 @@ mod tests {
         assert!(source_of(&copy).is_none(), "a copy is not the file");
         drop((b, found));
         let addr = m.map.as_ptr() as usize;
+        // The last reference dropped right after a lookup (the lookup holds no lock then).
+        let b = m.bytes(0, SENDFILE_MIN);
         drop(m);
+        let (last, _) = source_of(&b).unwrap();
+        drop(b);
+        drop(last);
         assert!(!MAPS.read().unwrap().contains_key(&addr));
     }
 

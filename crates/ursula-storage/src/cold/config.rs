@@ -538,8 +538,15 @@ impl ColdConfig {
                 // An object must be on stable storage before the flush that references it is
                 // proposed (its hot bytes are then released): sync the file and its directory.
                 let fs = Arc::new(fs.with_fsync(true));
-                let store = ObjectColdStore::local(fs, self.root.as_deref())
-                    .map_err(ColdConfigError::InvalidRoot)?;
+                // A shared directory (NFS, say) is another node's to delete from: its files
+                // are read through the store, never mapped (a mapping of a file truncated
+                // elsewhere faults).
+                let store = if self.local.shared {
+                    ObjectColdStore::new(fs, self.root.as_deref(), "local")
+                } else {
+                    ObjectColdStore::local(fs, self.root.as_deref())
+                };
+                let store = store.map_err(ColdConfigError::InvalidRoot)?;
                 return Ok(Some(Arc::new(store)));
             }
             Backend::S3 => Arc::new(self.s3.build().map_err(|source| ColdConfigError::Build {
