@@ -51,13 +51,18 @@ impl Default for LocalChunks {
 }
 
 fn store_error(path: &Path, e: std::io::Error) -> ReadError {
-    let key = path.display().to_string();
-    ReadError::Store(match e.kind() {
-        std::io::ErrorKind::NotFound => ColdError::NotFound { key },
-        _ => ColdError::Unavailable {
-            operation: "read",
-            source: Box::new(e),
-        },
+    match e.kind() {
+        std::io::ErrorKind::NotFound => ReadError::Store(ColdError::NotFound {
+            key: path.display().to_string(),
+        }),
+        _ => unavailable(e),
+    }
+}
+
+fn unavailable(e: std::io::Error) -> ReadError {
+    ReadError::Store(ColdError::Unavailable {
+        operation: "read",
+        source: Box::new(e),
     })
 }
 
@@ -177,8 +182,8 @@ async fn check_run(
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 Err(ReadError::Corrupt(ChunkError::Short { expected, got: 0 }))
             }
-            Ok(Err(e)) => Err(store_error(&PathBuf::new(), e)),
-            Err(e) => Err(store_error(&PathBuf::new(), std::io::Error::other(e))),
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(e) => Err(unavailable(std::io::Error::other(e))),
         }
     };
     crate::cold_read::fetch_checked(layout, (start, end), out, fetch).await?;

@@ -78,9 +78,8 @@ impl ChunkLayout {
             });
         };
         let (first, last) = (pos / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
-        let at = |block: u64| HEADER_LEN as u64 + block * (BLOCK_SIZE + CRC_LEN);
         let last_len = (self.payload_len - last * BLOCK_SIZE).min(BLOCK_SIZE);
-        Ok(at(first)..at(last) + last_len + CRC_LEN)
+        Ok(self.block_offset(first)..self.block_offset(last) + last_len + CRC_LEN)
     }
 
     /// Blocks of the payload.
