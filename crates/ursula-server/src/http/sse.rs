@@ -254,7 +254,20 @@ impl Live {
         match self.step().await {
             Some(frame) => {
                 self.idle_ticks = 0;
-                Some(frame)
+                // A data event goes out with its control event in one chunk: a proxy that
+                // forwards chunk by chunk would otherwise let a client see a data event whose
+                // text contains `event: control` before the real control event (the
+                // conformance suite's injection tests read until that text). The data event's
+                // rendering is still shared; only its bytes are copied here.
+                match self.pending.take() {
+                    Some(control) => {
+                        let mut both = Vec::with_capacity(frame.len() + control.len());
+                        both.extend_from_slice(&frame);
+                        both.extend_from_slice(&control);
+                        Some(both.into())
+                    }
+                    None => Some(frame),
+                }
             }
             None => {
                 self.done = true;
