@@ -353,4 +353,66 @@ mod tests {
             "only {by_sendfile} bytes went by sendfile"
         );
     }
+
+    #[tokio::test]
+    async fn short_sends_under_back_pressure_arrive_byte_exact() {
+        // A small send buffer and a reader that takes a little at a time: `sendfile` and the
+        // plain writes return short counts and `WouldBlock`, and every byte still arrives
+        // once and in order.
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..600_000u32).map(|i| (i * 13 % 251) as u8).collect();
+        f.write_all(&data).unwrap();
+        let m = Mapped::new(f).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pieces = vec![
+            m.bytes(0, 200_000),
+            Bytes::from(vec![7u8; 50_000]),
+            m.bytes(200_000, 600_000),
+        ];
+        let want: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
+        let writer = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            socket2::SockRef::from(&sock)
+                .set_send_buffer_size(4096)
+                .unwrap();
+            let mut io = SendFile::new(sock);
+            let mut pieces = pieces;
+            let mut short = 0;
+            while !pieces.is_empty() {
+                let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+                let mut n = io.write_vectored(&slices).await.unwrap();
+                if n < pieces[0].len() {
+                    short += 1;
+                }
+                while n > 0 {
+                    let take = n.min(pieces[0].len());
+                    bytes::Buf::advance(&mut pieces[0], take);
+                    n -= take;
+                    if pieces[0].is_empty() {
+                        pieces.remove(0);
+                    }
+                }
+            }
+            io.shutdown().await.unwrap();
+            short
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = client.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            tokio::task::yield_now().await;
+        }
+        let short = writer.await.unwrap();
+        assert!(got == want, "the bytes differ");
+        assert!(
+            short > 0,
+            "no write was short: the test did not apply back-pressure"
+        );
+    }
 }
