@@ -306,6 +306,30 @@ mod tests {
         assert!(!MAPS.read().unwrap().contains_key(&addr));
     }
 
+    /// Writes `pieces` with vectored writes, as hyper does, until every byte is out, then
+    /// shuts the socket down. Returns how many writes ended inside a buffer (short sends,
+    /// which only back-pressure causes: the wrapper otherwise stops only between buffers).
+    async fn write_all_vectored(mut io: SendFile, mut pieces: Vec<Bytes>) -> usize {
+        let mut short = 0;
+        while !pieces.is_empty() {
+            let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
+            let mut n = io.write_vectored(&slices).await.unwrap();
+            if n < pieces[0].len() {
+                short += 1;
+            }
+            while n > 0 {
+                let take = n.min(pieces[0].len());
+                bytes::Buf::advance(&mut pieces[0], take);
+                n -= take;
+                if pieces[0].is_empty() {
+                    pieces.remove(0);
+                }
+            }
+        }
+        io.shutdown().await.unwrap();
+        short
+    }
+
     #[tokio::test]
     async fn a_mixed_write_arrives_byte_exact_and_the_file_part_by_sendfile() {
         let mut f = tempfile::tempfile().unwrap();
@@ -325,22 +349,7 @@ mod tests {
         let before = SENT.load(Ordering::Relaxed);
         let writer = tokio::spawn(async move {
             let (sock, _) = listener.accept().await.unwrap();
-            let mut io = SendFile::new(sock);
-            let mut pieces = pieces;
-            // Vectored writes, as hyper does them, until every piece is out.
-            while !pieces.is_empty() {
-                let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
-                let mut n = io.write_vectored(&slices).await.unwrap();
-                while n > 0 {
-                    let take = n.min(pieces[0].len());
-                    bytes::Buf::advance(&mut pieces[0], take);
-                    n -= take;
-                    if pieces[0].is_empty() {
-                        pieces.remove(0);
-                    }
-                }
-            }
-            io.shutdown().await.unwrap();
+            write_all_vectored(SendFile::new(sock), pieces).await;
         });
         let mut client = TcpStream::connect(addr).await.unwrap();
         let mut got = Vec::new();
@@ -376,26 +385,7 @@ mod tests {
             socket2::SockRef::from(&sock)
                 .set_send_buffer_size(4096)
                 .unwrap();
-            let mut io = SendFile::new(sock);
-            let mut pieces = pieces;
-            let mut short = 0;
-            while !pieces.is_empty() {
-                let slices: Vec<IoSlice<'_>> = pieces.iter().map(|p| IoSlice::new(p)).collect();
-                let mut n = io.write_vectored(&slices).await.unwrap();
-                if n < pieces[0].len() {
-                    short += 1;
-                }
-                while n > 0 {
-                    let take = n.min(pieces[0].len());
-                    bytes::Buf::advance(&mut pieces[0], take);
-                    n -= take;
-                    if pieces[0].is_empty() {
-                        pieces.remove(0);
-                    }
-                }
-            }
-            io.shutdown().await.unwrap();
-            short
+            write_all_vectored(SendFile::new(sock), pieces).await
         });
         let mut client = TcpStream::connect(addr).await.unwrap();
         let mut got = Vec::new();
