@@ -306,6 +306,14 @@ mod tests {
         assert!(!MAPS.read().unwrap().contains_key(&addr));
     }
 
+    /// A mapped temporary file of `len` patterned bytes.
+    fn mapped_file(len: u32) -> Arc<Mapped> {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+        f.write_all(&data).unwrap();
+        Mapped::new(f).unwrap()
+    }
+
     /// Writes `pieces` with vectored writes, as hyper does, until every byte is out, then
     /// shuts the socket down. Returns how many writes ended inside a buffer (short sends,
     /// which only back-pressure causes: the wrapper otherwise stops only between buffers).
@@ -332,10 +340,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_mixed_write_arrives_byte_exact_and_the_file_part_by_sendfile() {
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
-        f.write_all(&data).unwrap();
-        let m = Mapped::new(f).unwrap();
+        let m = mapped_file(300_000);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let pieces = vec![
@@ -368,10 +373,7 @@ mod tests {
         // A small send buffer and a reader that takes a little at a time: `sendfile` and the
         // plain writes return short counts and `WouldBlock`, and every byte still arrives
         // once and in order.
-        let mut f = tempfile::tempfile().unwrap();
-        let data: Vec<u8> = (0..600_000u32).map(|i| (i * 13 % 251) as u8).collect();
-        f.write_all(&data).unwrap();
-        let m = Mapped::new(f).unwrap();
+        let m = mapped_file(600_000);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let pieces = vec![
