@@ -1,8 +1,39 @@
 //! Content types: validation, normalization, media-type matching and JSON mode.
 
+/// The `tchar`s of RFC 9110 §5.6.2 (the characters of a token), as a table: the validation
+/// runs over every byte of every write's `Content-Type`, and a lookup is a load where the
+/// spelled-out test was a search of the punctuation list per byte.
+const TCHAR: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        t[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    t
+};
+
 /// Whether `b` is a `tchar` of RFC 9110 §5.6.2 (the characters of a token).
 fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    TCHAR[b as usize]
 }
 
 /// Length of the token at the start of `s` (0 when there is none).
@@ -105,14 +136,37 @@ pub fn normalize(ct: &str) -> String {
     out
 }
 
-/// The media type (essence) of a content type: the part before the first `;`, trimmed.
-pub fn media_type(ct: &str) -> &str {
-    ct.split(';').next().unwrap_or("").trim()
+/// The normalized form of `ct` when `ct` is a valid media type, `None` when it is not (see
+/// [`is_valid`] and [`normalize`]). The common value, a lowercase `type/subtype` without
+/// parameters or spaces, is recognised in one pass and copied as it is.
+pub fn validate_normalize(ct: &str) -> Option<String> {
+    let s = ct.as_bytes();
+    let mut slash = None;
+    let mut plain = !s.is_empty();
+    for (i, &b) in s.iter().enumerate() {
+        if b == b'/' && slash.is_none() {
+            slash = Some(i);
+        } else if !is_tchar(b) || b.is_ascii_uppercase() {
+            plain = false;
+            break;
+        }
+    }
+    match slash {
+        Some(i) if plain && i > 0 && i + 1 < s.len() => Some(ct.to_owned()),
+        _ => is_valid(ct).then(|| normalize(ct)),
+    }
 }
 
-/// Two content types match when their media types are equal case-insensitively.
+/// The media type (essence) of a content type: the part before the first `;`, trimmed.
+pub fn media_type(ct: &str) -> &str {
+    let end = ct.bytes().position(|b| b == b';').unwrap_or(ct.len());
+    ct[..end].trim()
+}
+
+/// Two content types match when their media types are equal case-insensitively. Every
+/// append checks its type against its stream's, and the two are usually the same text.
 pub fn matches(a: &str, b: &str) -> bool {
-    media_type(a).eq_ignore_ascii_case(media_type(b))
+    a == b || media_type(a).eq_ignore_ascii_case(media_type(b))
 }
 
 /// JSON mode applies when the media type is `application/json`.
@@ -150,6 +204,39 @@ mod tests {
             ct in "([ \t;;;aAzZ/=\\u{a0}]|[ -~\\u{80}-\\u{10ffff}]){0,40}"
         ) {
             proptest::prop_assert_eq!(normalize(&ct), normalize_reference(&ct));
+        }
+    }
+
+    proptest::proptest! {
+        /// The fast path changes nothing: a value is accepted exactly when it is valid, and
+        /// accepted values come out as `normalize` spells them.
+        #[test]
+        fn validate_normalize_is_is_valid_then_normalize(
+            ct in "([ \t;/=\"aAzZ]|[a-z]{1,6}|[ -~\u{80}-\u{10ffff}]){0,24}"
+        ) {
+            let want = is_valid(&ct).then(|| normalize(&ct));
+            proptest::prop_assert_eq!(validate_normalize(&ct), want);
+        }
+    }
+
+    #[test]
+    fn validate_normalize_takes_plain_types_as_they_are() {
+        for (ct, want) in [
+            ("application/json", Some("application/json")),
+            ("application/vnd.a+json", Some("application/vnd.a+json")),
+            ("Application/JSON", Some("application/json")),
+            (
+                "text/plain;charset=UTF-8",
+                Some("text/plain; charset=utf-8"),
+            ),
+            (" text/plain ", Some("text/plain")),
+            ("application/", None),
+            ("/json", None),
+            ("a/b/c", None),
+            ("application", None),
+            ("", None),
+        ] {
+            assert_eq!(validate_normalize(ct).as_deref(), want, "{ct:?}");
         }
     }
 

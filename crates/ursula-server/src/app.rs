@@ -28,6 +28,8 @@ pub struct App {
     pub body_budget: crate::http::budget::BodyBudget,
     /// What the health gates measured (cluster.md §5.4).
     pub governance: crate::governance::State,
+    /// The clock of the deadlines every request carries (request heads, write stalls).
+    pub timer: crate::coarse_timer::CoarseTimer,
 }
 
 impl App {
@@ -52,6 +54,7 @@ impl App {
             parts: Default::default(),
             body_budget,
             governance: Default::default(),
+            timer: Default::default(),
         })
     }
 
@@ -86,10 +89,10 @@ impl App {
         // With peers, a request that reaches several groups (a bucket, a fork's pin) is proposed
         // by each group's leader; a client's own write reached its leader already (http/leader.rs
         // redirects it otherwise).
-        let res = match tokio::time::timeout(stall, self.node.propose_via_leader(group, cmd)).await
-        {
-            Ok(res) => res,
-            Err(_) => {
+        let res = tokio::select! {
+            biased;
+            res = self.node.propose_via_leader(group, cmd) => res,
+            () = self.timer.sleep(stall) => {
                 tracing::warn!(
                     group,
                     timeout_ms = stall.as_millis() as u64,

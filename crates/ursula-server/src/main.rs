@@ -2,6 +2,7 @@
 
 mod app;
 mod cluster;
+mod coarse_timer;
 mod cold;
 mod cold_health;
 mod cold_read;

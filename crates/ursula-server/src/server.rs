@@ -1,13 +1,14 @@
 //! The HTTP/1.1 listener: connection timeouts and graceful shutdown.
 
 use crate::app::App;
+use crate::coarse_timer::HyperTimer;
 use crate::parse_errors::{Armed, JsonParseErrors};
 use crate::send_file::SendFile;
 use axum::body::Body;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
@@ -29,6 +30,7 @@ pub async fn run<H, F>(
     F: Future<Output = crate::http::Resp> + Send + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    app.timer.start();
     let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
     tokio::pin!(shutdown);
     loop {
@@ -44,6 +46,7 @@ pub async fn run<H, F>(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let timer = HyperTimer(app.timer.clone());
         let app = app.clone();
         let handler = handler.clone();
         let armed = Armed::default();
@@ -62,7 +65,7 @@ pub async fn run<H, F>(
             }
         });
         let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
+            .timer(timer)
             .header_read_timeout(header_timeout)
             .keep_alive(true)
             .serve_connection(TokioIo::new(io), svc);

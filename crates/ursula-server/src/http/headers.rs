@@ -78,6 +78,25 @@ fn put_ascii(hm: &mut HeaderMap, name: &HeaderName, value: &[u8]) {
     }
 }
 
+/// Which families of protocol headers a request carries (`Stream-*`, `Producer-*`), found in
+/// one pass over its header names. Most appends carry none, and looking up a name that is
+/// absent still hashes it: a write skips the families it was not sent.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carried {
+    pub stream: bool,
+    pub producer: bool,
+}
+
+pub fn carried(hm: &HeaderMap) -> Carried {
+    let mut c = Carried::default();
+    for name in hm.keys() {
+        let n = name.as_str();
+        c.stream |= n.starts_with("stream-");
+        c.producer |= n.starts_with("producer-");
+    }
+    c
+}
+
 /// A header as text; a value that is not visible ASCII counts as the given error.
 pub fn text<'a>(
     hm: &'a HeaderMap,
@@ -110,32 +129,45 @@ pub fn stream_seq(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// The request's normalized content type, `None` when absent or empty. Anything but one
 /// media type (RFC 9110 §8.3.1), or the header twice, is `400 INVALID_CONTENT_TYPE`.
 pub fn content_type(hm: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(v) = single_content_type(hm)?.filter(|v| !v.trim().is_empty()) else {
+    let Some(v) = sole_content_type(hm)? else {
         return Ok(None);
     };
-    Ok(Some(ursula_core::content_type::normalize(v)))
+    if v.trim().is_empty() {
+        return Ok(None);
+    }
+    ursula_core::content_type::validate_normalize(v)
+        .map(Some)
+        .ok_or_else(|| not_one_media_type(v))
 }
 
 /// The raw `Content-Type` when it is absent, empty or one valid media type.
 pub fn single_content_type(hm: &HeaderMap) -> Result<Option<&str>, ApiError> {
-    let mut all = hm.get_all(header::CONTENT_TYPE).iter();
-    let (Some(v), None) = (all.next(), all.next()) else {
-        if hm.contains_key(header::CONTENT_TYPE) {
-            return Err(bad_content_type("Content-Type must be sent once"));
+    match sole_content_type(hm)? {
+        Some(v) if !v.trim().is_empty() && !ursula_core::content_type::is_valid(v) => {
+            Err(not_one_media_type(v))
         }
-        return Ok(None);
-    };
-    let v = v
-        .to_str()
-        .map_err(|_| bad_content_type("Content-Type is not visible ASCII"))?;
-    if v.trim().is_empty() || ursula_core::content_type::is_valid(v) {
-        Ok(Some(v))
-    } else {
-        Err(bad_content_type(&format!(
-            "Content-Type {:?} is not one media type (type/subtype; parameters)",
-            shorten(v, 64)
-        )))
+        v => Ok(v),
     }
+}
+
+/// The `Content-Type` as text when it was sent at most once.
+fn sole_content_type(hm: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    let mut all = hm.get_all(header::CONTENT_TYPE).iter();
+    match (all.next(), all.next()) {
+        (None, _) => Ok(None),
+        (Some(_), Some(_)) => Err(bad_content_type("Content-Type must be sent once")),
+        (Some(v), None) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| bad_content_type("Content-Type is not visible ASCII")),
+    }
+}
+
+fn not_one_media_type(v: &str) -> ApiError {
+    bad_content_type(&format!(
+        "Content-Type {:?} is not one media type (type/subtype; parameters)",
+        shorten(v, 64)
+    ))
 }
 
 fn bad_content_type(m: &str) -> ApiError {

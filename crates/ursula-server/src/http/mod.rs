@@ -224,7 +224,7 @@ async fn route_request(app: &Arc<App>, route: Route, req: Request<Body>) -> ApiR
         },
         Route::Stream(target, None) => match method {
             Method::PUT => Box::pin(write::create(app, &target, req)).await,
-            Method::POST => write::append(app, &target, req).await,
+            Method::POST => write::append(app, target, req).await,
             Method::DELETE => Box::pin(write::delete(app, &target, req.headers())).await,
             Method::GET => Box::pin(read::get(app, &target, req)).await,
             Method::HEAD => read::head(app, &target, req.headers()),

@@ -9,8 +9,6 @@ use ursula_core::ids::{self, COMPAT_BUCKET, RESERVED_BUCKET, StreamKey};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub key: StreamKey,
-    /// The path the client used (for `Location`).
-    pub public_path: String,
 }
 
 impl Target {
@@ -88,7 +86,7 @@ fn bad_stream(m: &str) -> ApiError {
 }
 
 /// Resolves a compatibility name (the segments after `/v1/stream/`).
-fn compat_target(raw_segs: &[&str], public_path: &str) -> Result<Route, ApiError> {
+fn compat_target(raw_segs: &[&str]) -> Result<Route, ApiError> {
     let mut parts = Vec::with_capacity(raw_segs.len());
     for seg in raw_segs {
         let d = pct_decode(seg).ok_or_else(|| bad_stream("stream name is not valid UTF-8"))?;
@@ -107,7 +105,6 @@ fn compat_target(raw_segs: &[&str], public_path: &str) -> Result<Route, ApiError
     Ok(Route::Stream(
         Target {
             key: StreamKey::new(COMPAT_BUCKET, &id),
-            public_path: public_path.to_owned(),
         },
         None,
     ))
@@ -132,7 +129,7 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
     }
     if segs[0] == "v1" {
         if segs.len() >= 3 && segs[1] == "stream" && !(segs.len() == 3 && segs[2].is_empty()) {
-            return compat_target(&segs[2..], path);
+            return compat_target(&segs[2..]);
         }
         return Ok(Route::NotFound);
     }
@@ -155,7 +152,6 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
     ids::validate_stream(&first, &second).map_err(|e| bad_stream(&e.to_string()))?;
     let target = Target {
         key: StreamKey::new(&first, &second),
-        public_path: path.to_owned(),
     };
     if segs.len() == 2 {
         return Ok(Route::Stream(target, None));

@@ -25,12 +25,9 @@ fn canonical(body: Bytes, is_json: bool) -> Result<(Bytes, u64), ApiError> {
     Ok((Bytes::from(n.bytes), n.messages as u64))
 }
 
-fn location(app: &App, uri: &http::Uri, headers: &HeaderMap, target: &Target) -> String {
-    format!(
-        "{}{}",
-        super::host::base_url(app, uri, headers),
-        target.public_path
-    )
+/// The created stream's URL: the base URL and the path the client used.
+fn location(app: &App, uri: &http::Uri, headers: &HeaderMap) -> String {
+    format!("{}{}", super::host::base_url(app, uri, headers), uri.path())
 }
 
 struct ForkHeaders {
@@ -123,7 +120,7 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     } else {
         HotReservation::none()
     };
-    let loc = location(app, &parts.uri, hm, target);
+    let loc = location(app, &parts.uri, hm);
     let Some(f) = fork else {
         let reply = if crate::external::wanted(app, cr.payload.len()) {
             let payload = std::mem::take(&mut cr.payload);
@@ -243,14 +240,24 @@ pub async fn create(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     }
 }
 
-pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiResult {
+/// Takes the target by value: its key moves into the command.
+pub async fn append(app: &Arc<App>, target: Target, req: Request<Body>) -> ApiResult {
     let (parts, body) = req.into_parts();
     let hm = &parts.headers;
-    let producer = h::producer(hm)?;
-    let record_match = h::record_match(hm)?;
-    let incarnation = h::incarnation(hm)?;
-    let close = h::closed(hm);
-    let stream_seq = h::stream_seq(hm)?;
+    let carried = h::carried(hm);
+    let producer = match carried.producer {
+        true => h::producer(hm)?,
+        false => None,
+    };
+    let (record_match, incarnation, close, stream_seq) = match carried.stream {
+        true => (
+            h::record_match(hm)?,
+            h::incarnation(hm)?,
+            h::closed(hm),
+            h::stream_seq(hm)?,
+        ),
+        false => (None, None, false, None),
+    };
     let ct = h::content_type(hm)?;
     let (body, _charge) = body::read(app, hm, body, app.cfg.max_request_bytes).await?;
     if !body.is_empty() && ct.is_none() {
@@ -276,8 +283,9 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
     } else {
         app.admit_hot(&target.key, producer.as_ref(), bytes)?
     };
+    let group = app.group_of(&target.key);
     let mut req = AppendReq {
-        key: target.key.clone(),
+        key: target.key,
         content_type: ct,
         close,
         stream_seq,
@@ -291,8 +299,7 @@ pub async fn append(app: &Arc<App>, target: &Target, req: Request<Body>) -> ApiR
         let payload = std::mem::take(&mut req.payload);
         Box::pin(crate::external::append(app, req, payload, is_json)).await?
     } else {
-        app.propose(app.group_of(&target.key), Op::Append(Box::new(req)))
-            .await?
+        app.propose(group, Op::Append(Box::new(req))).await?
     };
     match reply {
         Reply::Appended(a) => {

@@ -338,3 +338,96 @@ fn record_parameters_are_honoured_or_refused() {
         );
     }
 }
+
+/// Reads from `c` until the server closes it, for at most 10 s: whether it did. Bytes the
+/// server sends before closing are ignored.
+fn wait_closed(c: &mut std::net::TcpStream) -> bool {
+    use std::io::Read as _;
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    c.set_read_timeout(Some(Duration::from_millis(20)))
+        .expect("timeout");
+    while started.elapsed() < Duration::from_secs(10) {
+        match c.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// `header_timeout_ms` bounds how long a connection may take to send a request head: one
+/// that sends nothing, one that stops halfway through a head, and one kept alive without a
+/// next request are closed once it passes, while a client that keeps sending requests is
+/// not cut off, and the node keeps serving.
+#[test]
+fn a_request_head_must_arrive_within_the_header_timeout() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(&cfg, "header_timeout_ms = 1000\n").expect("config");
+    let s = Server::start_in_with_args(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().expect("utf-8")],
+    );
+    let a = s.addr();
+    let connect = || std::net::TcpStream::connect(a).expect("connect");
+    let put = with_lines(
+        "PUT",
+        "/headtimeout/s",
+        "HTTP/1.1",
+        &[&format!("Host: {a}")],
+    );
+
+    // All three start their wait now; each is closed about a second later.
+    let started = std::time::Instant::now();
+    let mut silent = connect();
+    let mut halfway = connect();
+    halfway
+        .write_all(format!("PUT /headtimeout/x HTTP/1.1\r\nHost: {a}\r\nContent-").as_bytes())
+        .expect("write");
+    let mut idle = connect();
+    idle.write_all(&put).expect("write");
+    for (name, c) in [
+        ("silent", &mut silent),
+        ("halfway", &mut halfway),
+        ("idle", &mut idle),
+    ] {
+        assert!(wait_closed(c), "the {name} connection was not closed");
+        let took = started.elapsed();
+        // The bound is 1 s, kept to a tenth of a second.
+        assert!(
+            took >= Duration::from_millis(800),
+            "{name} closed after {took:?}"
+        );
+        assert!(
+            took <= Duration::from_millis(3000),
+            "{name} closed after {took:?}"
+        );
+    }
+
+    // A client that sends a request every 300 ms for 2.4 s is served throughout: the
+    // deadline starts again with each request.
+    let mut busy = Conn::open(a, TIMEOUT).expect("connect");
+    for i in 0..8 {
+        busy.write_raw(&with_lines(
+            "HEAD",
+            "/headtimeout/s",
+            "HTTP/1.1",
+            &[&format!("Host: {a}")],
+        ))
+        .expect("write");
+        let r = busy
+            .read_response(true)
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        assert_eq!(r.status, 200, "request {i}: {}", r.describe());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(s.head("/headtimeout/s").status, 200);
+}
