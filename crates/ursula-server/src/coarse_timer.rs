@@ -85,7 +85,8 @@ impl CoarseTimer {
     /// A sleep until `deadline` (rounded up to the next millisecond).
     pub fn sleep_until(&self, deadline: Instant) -> CoarseSleep {
         let ms = deadline.saturating_duration_since(self.0.base);
-        let deadline_ms = ms.as_millis() as u64 + u64::from(ms.subsec_nanos() % 1_000_000 != 0);
+        let deadline_ms =
+            ms.as_millis() as u64 + u64::from(!ms.subsec_nanos().is_multiple_of(1_000_000));
         CoarseSleep {
             timer: Arc::clone(&self.0),
             deadline_ms,
