@@ -46,6 +46,12 @@ pub async fn run<H, F>(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        if app.cfg.send_buffer_bytes > 0
+            && let Err(e) = socket2::SockRef::from(&stream)
+                .set_send_buffer_size(app.cfg.send_buffer_bytes as usize)
+        {
+            tracing::debug!(%peer, error = %e, "could not set the send buffer size");
+        }
         let timer = HyperTimer(app.timer.clone());
         let app = app.clone();
         let handler = handler.clone();
