@@ -8,11 +8,12 @@
 //!
 //! Here a deadline is a millisecond count on a clock that a sweeper task advances every
 //! [`GRANULARITY`]. A sleep that is polled before its deadline takes a slot in a slab (one
-//! uncontended lock) and gives it back when it completes or is dropped; the sweeper wakes the
-//! slots whose deadline passed. Reading the clock is an atomic load. The price is precision:
-//! a deadline fires up to two granularities late, and a deadline taken from [`CoarseTimer::now`]
-//! can be up to one granularity early in real time: fine for bounds of seconds, not for
-//! anything that needs milliseconds.
+//! short lock, shared by the runtime's workers) and gives it back when it completes or is
+//! dropped; the sweeper wakes the slots whose deadline passed. Reading the clock is an atomic
+//! load. The price is precision: a deadline fires up to a granularity after the clock passes
+//! it, and the clock lags real time by up to a granularity (more while the runtime is too busy
+//! to run the sweeper), so a deadline taken from [`CoarseTimer::now`] may come that much early
+//! in real time. Fine for bounds of seconds, not for anything that needs milliseconds.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -100,18 +101,26 @@ impl CoarseTimer {
     }
 
     /// Starts the sweeper on the current tokio runtime, once (the first sleep that waits
-    /// starts it too). It holds the timer weakly and ends when the last clone is dropped.
+    /// starts it too); outside a runtime it does nothing, and the clock stays real time. The
+    /// sweeper holds the timer weakly and ends when the last clone is dropped; if its runtime
+    /// shuts down first, the clock turns back to real time and the next sleep that waits
+    /// starts a new sweeper.
     pub fn start(&self) {
         if self.0.sweeping.load(Ordering::Acquire) {
             return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         // Set the clock before anyone reads it as coarse.
         self.0.tick();
         if self.0.sweeping.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak: Weak<Inner> = Arc::downgrade(&self.0);
-        tokio::spawn(async move {
+        let guard = SweeperGuard(Weak::clone(&weak));
+        runtime.spawn(async move {
+            let _guard = guard;
             let mut tick = tokio::time::interval(GRANULARITY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -125,6 +134,21 @@ impl CoarseTimer {
     }
 }
 
+/// Marks the sweeper stopped when its task ends or is dropped with its runtime.
+struct SweeperGuard(Weak<Inner>);
+
+impl Drop for SweeperGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.sweeping.store(false, Ordering::Release);
+            // Sleeps that wait now would wait for ever: wake them to register again.
+            for (_, slot) in inner.slots().iter() {
+                slot.waker.wake_by_ref();
+            }
+        }
+    }
+}
+
 /// Completes once the coarse clock reaches its deadline.
 pub struct CoarseSleep {
     timer: Arc<Inner>,
@@ -134,7 +158,12 @@ pub struct CoarseSleep {
 
 impl CoarseSleep {
     fn expired(&self) -> bool {
-        self.timer.now_ms.load(Ordering::Acquire) >= self.deadline_ms
+        let now_ms = if self.timer.sweeping.load(Ordering::Acquire) {
+            self.timer.now_ms.load(Ordering::Acquire)
+        } else {
+            self.timer.base.elapsed().as_millis() as u64
+        };
+        now_ms >= self.deadline_ms
     }
 
     fn release(&mut self) {
@@ -161,6 +190,11 @@ impl Future for CoarseSleep {
                     waker: cx.waker().clone(),
                 };
                 this.slot = Some(this.timer.slots().insert(slot));
+                // A tick between the check above and the insert did not see this slot.
+                if this.expired() {
+                    this.release();
+                    return Poll::Ready(());
+                }
             }
             Some(key) => {
                 let mut slots = this.timer.slots();
@@ -205,18 +239,45 @@ impl hyper::rt::Timer for HyperTimer {
 mod tests {
     use super::*;
 
+    /// `fut`, or a failure instead of a hang if a wake-up is lost.
+    async fn bounded<F: Future>(fut: F) -> F::Output {
+        tokio::time::timeout(Duration::from_secs(10), fut)
+            .await
+            .expect("a sleep was never woken")
+    }
+
     #[tokio::test]
     async fn a_sleep_ends_after_its_deadline_and_not_long_after() {
         let timer = CoarseTimer::default();
+        timer.start();
         let start = Instant::now();
-        timer.sleep(Duration::from_millis(300)).await;
+        bounded(timer.sleep(Duration::from_millis(300))).await;
         let took = start.elapsed();
-        // Up to one granularity early (the clock lags real time), up to two late.
+        // Early by the clock's lag (a granularity), late by a granularity or two; the rest of
+        // the upper bound is room for a loaded machine.
         assert!(took >= Duration::from_millis(300) - GRANULARITY, "{took:?}");
-        assert!(
-            took <= Duration::from_millis(300) + 4 * GRANULARITY,
-            "{took:?}"
-        );
+        assert!(took <= Duration::from_secs(2), "{took:?}");
+    }
+
+    #[test]
+    fn a_sleep_completes_when_its_sweeper_stops() {
+        let timer = CoarseTimer::default();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+        };
+        // The sweeper's runtime shuts down under it.
+        let first = runtime();
+        first.block_on(async { timer.start() });
+        assert!(timer.0.sweeping.load(Ordering::Acquire));
+        drop(first);
+        assert!(!timer.0.sweeping.load(Ordering::Acquire), "the guard ran");
+        // Another runtime starts a new sweeper, and a sleep ends.
+        let second = runtime();
+        second.block_on(bounded(timer.sleep(Duration::from_millis(150))));
+        assert!(timer.0.sweeping.load(Ordering::Acquire));
     }
 
     #[tokio::test]
@@ -233,18 +294,23 @@ mod tests {
         assert_eq!(timer.0.slots().len(), 100);
         drop(pending);
         assert_eq!(timer.0.slots().len(), 0);
-        timer.sleep(Duration::from_millis(150)).await;
-        assert_eq!(timer.0.slots().len(), 0);
+        let mut sleep = Box::pin(timer.sleep(Duration::from_millis(150)));
+        bounded(sleep.as_mut()).await;
+        assert_eq!(timer.0.slots().len(), 0, "a finished sleep keeps no slot");
+        drop(sleep);
     }
 
     #[tokio::test]
     async fn a_timeout_around_a_pending_future_fires_and_a_ready_one_wins() {
         let timer = CoarseTimer::default();
-        let fired = tokio::select! {
-            biased;
-            () = futures::future::pending::<()>() => false,
-            () = timer.sleep(Duration::from_millis(200)) => true,
-        };
+        let fired = bounded(async {
+            tokio::select! {
+                biased;
+                () = futures::future::pending::<()>() => false,
+                () = timer.sleep(Duration::from_millis(200)) => true,
+            }
+        })
+        .await;
         assert!(fired);
         let won = tokio::select! {
             biased;

@@ -40,9 +40,10 @@ pub struct Config {
     pub live_read_max_waiters: u64,
     /// SSE data batch size when the request has no `max_bytes`. Default: 1048576.
     pub sse_batch_bytes: u64,
-    /// Each connection's kernel send buffer (`SO_SNDBUF`; the kernel doubles it), or 0 for the
-    /// kernel's autotuning. Default: 262144 (256 KiB); at least 131072 when set: below about two
-    /// loopback segments (64 KiB each) a large answer crawls one delayed ACK at a time.
+    /// Each connection's kernel send buffer (`SO_SNDBUF`; the kernel doubles it and caps it at
+    /// `net.core.wmem_max`), or 0 for the kernel's autotuning. Default: 262144 (256 KiB);
+    /// 131072..=1073741824 when set: at 32 KiB (a 64 KiB buffer, one loopback segment) a large
+    /// answer crawled one delayed ACK at a time, and the floor keeps a margin above that.
     pub send_buffer_bytes: u64,
     /// Time allowed for a request head to arrive. Default: 10000 ms.
     pub header_timeout_ms: u64,

@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// How long a shutdown waits for in-flight requests (spec cluster.md §15). Long-polls and
 /// SSE streams end with the shutdown signal, so this bounds slow uploads and downloads.
@@ -46,12 +46,7 @@ pub async fn run<H, F>(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        if app.cfg.send_buffer_bytes > 0
-            && let Err(e) = socket2::SockRef::from(&stream)
-                .set_send_buffer_size(app.cfg.send_buffer_bytes as usize)
-        {
-            tracing::debug!(%peer, error = %e, "could not set the send buffer size");
-        }
+        set_send_buffer(&stream, app.cfg.send_buffer_bytes);
         let timer = HyperTimer(app.timer.clone());
         let app = app.clone();
         let handler = handler.clone();
@@ -91,6 +86,35 @@ pub async fn run<H, F>(
         tracing::warn!(
             drain_s = DRAIN_TIMEOUT.as_secs(),
             "some connections did not finish in time"
+        );
+    }
+}
+
+/// Sets a connection's `SO_SNDBUF` (`send_buffer_bytes`; 0 keeps the kernel's autotuning).
+/// The kernel caps it at `net.core.wmem_max`: the first connection reads it back and says
+/// so once when the cap applied.
+fn set_send_buffer(stream: &TcpStream, bytes: u64) {
+    static CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if bytes == 0 {
+        return;
+    }
+    let sock = socket2::SockRef::from(stream);
+    if let Err(e) = sock.set_send_buffer_size(bytes as usize) {
+        tracing::debug!(error = %e, "could not set the send buffer size");
+        return;
+    }
+    if CHECKED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    // Linux reports twice the value it accepted (the doubled buffer it uses).
+    if let Ok(got) = sock.send_buffer_size()
+        && (got as u64) < 2 * bytes
+    {
+        tracing::warn!(
+            send_buffer_bytes = bytes,
+            granted = got / 2,
+            "the kernel capped send_buffer_bytes at net.core.wmem_max; raise that sysctl for \
+             the configured size"
         );
     }
 }
