@@ -47,14 +47,58 @@ impl Inner {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn tick(&self) {
-        let now = self.base.elapsed().as_millis() as u64;
-        self.now_ms.fetch_max(now, Ordering::Release);
+    /// The clock in milliseconds since `base`: the sweeper's while it runs, real time else.
+    fn now_ms(&self) -> u64 {
+        if self.sweeping.load(Ordering::Acquire) {
+            self.now_ms.load(Ordering::Acquire)
+        } else {
+            self.base.elapsed().as_millis() as u64
+        }
+    }
+
+    /// Wakes the sleeps whose deadline is at most `upto`.
+    fn wake_due(&self, upto: u64) {
         for (_, slot) in self.slots().iter() {
-            if slot.deadline_ms <= now {
+            if slot.deadline_ms <= upto {
                 slot.waker.wake_by_ref();
             }
         }
+    }
+
+    fn tick(&self) {
+        let now = self.base.elapsed().as_millis() as u64;
+        self.now_ms.fetch_max(now, Ordering::Release);
+        self.wake_due(now);
+    }
+
+    /// See [`CoarseTimer::start`]. On a running sweeper this is one atomic load, cheap enough
+    /// for every poll of a waiting sleep.
+    fn start(self: &Arc<Self>) {
+        if self.sweeping.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        // Set the clock before anyone reads it as coarse.
+        self.tick();
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(self);
+        let guard = SweeperGuard(Weak::clone(&weak));
+        runtime.spawn(async move {
+            let _guard = guard;
+            let mut tick = tokio::time::interval(GRANULARITY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match weak.upgrade() {
+                    Some(inner) => inner.tick(),
+                    None => return,
+                }
+            }
+        });
     }
 }
 
@@ -106,31 +150,7 @@ impl CoarseTimer {
     /// shuts down first, the clock turns back to real time and the next sleep that waits
     /// starts a new sweeper.
     pub fn start(&self) {
-        if self.0.sweeping.load(Ordering::Acquire) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        // Set the clock before anyone reads it as coarse.
-        self.0.tick();
-        if self.0.sweeping.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let weak: Weak<Inner> = Arc::downgrade(&self.0);
-        let guard = SweeperGuard(Weak::clone(&weak));
-        runtime.spawn(async move {
-            let _guard = guard;
-            let mut tick = tokio::time::interval(GRANULARITY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match weak.upgrade() {
-                    Some(inner) => inner.tick(),
-                    None => return,
-                }
-            }
-        });
+        self.0.start();
     }
 }
 
@@ -141,10 +161,8 @@ impl Drop for SweeperGuard {
     fn drop(&mut self) {
         if let Some(inner) = self.0.upgrade() {
             inner.sweeping.store(false, Ordering::Release);
-            // Sleeps that wait now would wait for ever: wake them to register again.
-            for (_, slot) in inner.slots().iter() {
-                slot.waker.wake_by_ref();
-            }
+            // Wake every waiting sleep: its next poll starts a new sweeper.
+            inner.wake_due(u64::MAX);
         }
     }
 }
@@ -158,12 +176,7 @@ pub struct CoarseSleep {
 
 impl CoarseSleep {
     fn expired(&self) -> bool {
-        let now_ms = if self.timer.sweeping.load(Ordering::Acquire) {
-            self.timer.now_ms.load(Ordering::Acquire)
-        } else {
-            self.timer.base.elapsed().as_millis() as u64
-        };
-        now_ms >= self.deadline_ms
+        self.timer.now_ms() >= self.deadline_ms
     }
 
     fn release(&mut self) {
@@ -182,9 +195,10 @@ impl Future for CoarseSleep {
             this.release();
             return Poll::Ready(());
         }
+        // Also after the sweeper's runtime stopped (its guard woke this sleep).
+        this.timer.start();
         match this.slot {
             None => {
-                CoarseTimer(Arc::clone(&this.timer)).start();
                 let slot = Slot {
                     deadline_ms: this.deadline_ms,
                     waker: cx.waker().clone(),
@@ -268,15 +282,24 @@ mod tests {
                 .build()
                 .expect("runtime")
         };
-        // The sweeper's runtime shuts down under it.
+        // A sleep starts waiting, then the sweeper's runtime shuts down under it.
+        let mut sleep = Box::pin(timer.sleep(Duration::from_millis(150)));
         let first = runtime();
-        first.block_on(async { timer.start() });
+        first.block_on(async {
+            let waker = futures::task::noop_waker();
+            assert!(
+                sleep
+                    .as_mut()
+                    .poll(&mut Context::from_waker(&waker))
+                    .is_pending()
+            );
+        });
         assert!(timer.0.sweeping.load(Ordering::Acquire));
         drop(first);
         assert!(!timer.0.sweeping.load(Ordering::Acquire), "the guard ran");
-        // Another runtime starts a new sweeper, and a sleep ends.
+        // Polled on another runtime, the same sleep starts a new sweeper and ends.
         let second = runtime();
-        second.block_on(bounded(timer.sleep(Duration::from_millis(150))));
+        second.block_on(bounded(sleep.as_mut()));
         assert!(timer.0.sweeping.load(Ordering::Acquire));
     }
 

@@ -338,11 +338,40 @@ mod tests {
         short
     }
 
+    /// Sends `pieces` through a [`SendFile`] over a loopback connection and returns what the
+    /// client read and how many writes were short. With `squeeze`, the sender's buffer is
+    /// 4 KiB and the client reads 4 KiB at a time, yielding between reads (back-pressure).
+    async fn send_over_loopback(pieces: Vec<Bytes>, squeeze: bool) -> (Vec<u8>, usize) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let writer = tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            if squeeze {
+                socket2::SockRef::from(&sock)
+                    .set_send_buffer_size(4096)
+                    .unwrap();
+            }
+            write_all_vectored(SendFile::new(sock), pieces).await
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = client.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+            if squeeze {
+                tokio::task::yield_now().await;
+            }
+        }
+        (got, writer.await.unwrap())
+    }
+
     #[tokio::test]
     async fn a_mixed_write_arrives_byte_exact_and_the_file_part_by_sendfile() {
         let m = mapped_file(300_000);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let pieces = vec![
             Bytes::from_static(b"head\r\n"),
             m.bytes(10, 70_000),
@@ -352,14 +381,7 @@ mod tests {
         ];
         let want: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
         let before = SENT.load(Ordering::Relaxed);
-        let writer = tokio::spawn(async move {
-            let (sock, _) = listener.accept().await.unwrap();
-            write_all_vectored(SendFile::new(sock), pieces).await;
-        });
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        let mut got = Vec::new();
-        client.read_to_end(&mut got).await.unwrap();
-        writer.await.unwrap();
+        let (got, _) = send_over_loopback(pieces, false).await;
         assert!(got == want, "the bytes differ");
         let by_sendfile = SENT.load(Ordering::Relaxed) - before;
         assert!(
@@ -374,33 +396,13 @@ mod tests {
         // plain writes return short counts and `WouldBlock`, and every byte still arrives
         // once and in order.
         let m = mapped_file(600_000);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let pieces = vec![
             m.bytes(0, 200_000),
             Bytes::from(vec![7u8; 50_000]),
             m.bytes(200_000, 600_000),
         ];
         let want: Vec<u8> = pieces.iter().flat_map(|p| p.to_vec()).collect();
-        let writer = tokio::spawn(async move {
-            let (sock, _) = listener.accept().await.unwrap();
-            socket2::SockRef::from(&sock)
-                .set_send_buffer_size(4096)
-                .unwrap();
-            write_all_vectored(SendFile::new(sock), pieces).await
-        });
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        loop {
-            let n = client.read(&mut buf).await.unwrap();
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-            tokio::task::yield_now().await;
-        }
-        let short = writer.await.unwrap();
+        let (got, short) = send_over_loopback(pieces, true).await;
         assert!(got == want, "the bytes differ");
         assert!(
             short > 0,

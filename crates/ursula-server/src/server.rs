@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// How long a shutdown waits for in-flight requests (spec cluster.md §15). Long-polls and
 /// SSE streams end with the shutdown signal, so this bounds slow uploads and downloads.
@@ -31,6 +31,7 @@ pub async fn run<H, F>(
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     app.timer.start();
+    set_send_buffer(&listener, app.cfg.send_buffer_bytes);
     let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
     tokio::pin!(shutdown);
     loop {
@@ -46,7 +47,6 @@ pub async fn run<H, F>(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        set_send_buffer(&stream, app.cfg.send_buffer_bytes);
         let timer = HyperTimer(app.timer.clone());
         let app = app.clone();
         let handler = handler.clone();
@@ -90,20 +90,16 @@ pub async fn run<H, F>(
     }
 }
 
-/// Sets a connection's `SO_SNDBUF` (`send_buffer_bytes`; 0 keeps the kernel's autotuning).
-/// The kernel caps it at `net.core.wmem_max`: the first connection reads it back and says
-/// so once when the cap applied.
-fn set_send_buffer(stream: &TcpStream, bytes: u64) {
-    static CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Sets the listener's `SO_SNDBUF` (`send_buffer_bytes`; 0 keeps the kernel's autotuning):
+/// Linux gives an accepted connection its listener's buffer, so this is one call at start-up,
+/// not one per connection. The kernel caps the value at `net.core.wmem_max`; a cap is logged.
+fn set_send_buffer(listener: &TcpListener, bytes: u64) {
     if bytes == 0 {
         return;
     }
-    let sock = socket2::SockRef::from(stream);
+    let sock = socket2::SockRef::from(listener);
     if let Err(e) = sock.set_send_buffer_size(bytes as usize) {
-        tracing::debug!(error = %e, "could not set the send buffer size");
-        return;
-    }
-    if CHECKED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(error = %e, send_buffer_bytes = bytes, "could not set the send buffer size");
         return;
     }
     // Linux reports twice the value it accepted (the doubled buffer it uses).
@@ -115,6 +111,43 @@ fn set_send_buffer(stream: &TcpStream, bytes: u64) {
             granted = got / 2,
             "the kernel capped send_buffer_bytes at net.core.wmem_max; raise that sysctl for \
              the configured size"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The send buffer of a connection accepted on `listener`.
+    async fn accepted_send_buffer(listener: &TcpListener) -> usize {
+        let addr = listener.local_addr().expect("addr");
+        let (accepted, _client) =
+            tokio::join!(listener.accept(), tokio::net::TcpStream::connect(addr));
+        let (sock, _) = accepted.expect("accept");
+        socket2::SockRef::from(&sock)
+            .send_buffer_size()
+            .expect("SO_SNDBUF")
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_get_the_configured_send_buffer() {
+        let configured = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        set_send_buffer(&configured, 128 << 10);
+        let autotuned = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        set_send_buffer(&autotuned, 0);
+        let want = socket2::SockRef::from(&configured)
+            .send_buffer_size()
+            .expect("SO_SNDBUF");
+        let got = accepted_send_buffer(&configured).await;
+        assert_eq!(
+            got, want,
+            "an accepted connection inherits its listener's buffer"
+        );
+        assert_ne!(
+            accepted_send_buffer(&autotuned).await,
+            want,
+            "without the setting the kernel's default applies"
         );
     }
 }

@@ -245,18 +245,20 @@ pub async fn append(app: &Arc<App>, target: Target, req: Request<Body>) -> ApiRe
     let (parts, body) = req.into_parts();
     let hm = &parts.headers;
     let carried = h::carried(hm);
-    let producer = match carried.producer {
-        true => h::producer(hm)?,
-        false => None,
+    let producer = if carried.producer {
+        h::producer(hm)?
+    } else {
+        None
     };
-    let (record_match, incarnation, close, stream_seq) = match carried.stream {
-        true => (
+    let (record_match, incarnation, close, stream_seq) = if carried.stream {
+        (
             h::record_match(hm)?,
             h::incarnation(hm)?,
             h::closed(hm),
             h::stream_seq(hm)?,
-        ),
-        false => (None, None, false, None),
+        )
+    } else {
+        (None, None, false, None)
     };
     let ct = h::content_type(hm)?;
     let (body, _charge) = body::read(app, hm, body, app.cfg.max_request_bytes).await?;
