@@ -35,8 +35,13 @@ pub(super) async fn run_batcher(
     // A proposal taken from the queue that did not fit in the previous batch.
     let mut carry: Option<Pending> = None;
     loop {
+        // Whether the batcher had to wait for this batch's first proposal.
+        let mut waited = true;
         let first = if carry.is_some() {
             carry.take()
+        } else if let Ok(p) = rx.try_recv() {
+            waited = false;
+            Some(p)
         } else if stopping {
             rx.recv().await
         } else {
@@ -60,8 +65,13 @@ pub(super) async fn run_batcher(
             break;
         };
         // Let every task that is ready to run (HTTP connections parsing their requests) queue
-        // its proposal first, so that this batch carries all of them.
-        tokio::task::yield_now().await;
+        // its proposal first, so that this batch carries all of them. Not when proposals were
+        // queued already (they gathered while the previous batch was in flight): the tasks
+        // ready then are mostly that batch's answers, and the WAL sync this batch waits for
+        // should not wait for them too.
+        if waited {
+            tokio::task::yield_now().await;
+        }
         let mut bytes = first.size;
         let mut cmds = vec![first.cmd];
         let mut txs = vec![first.tx];

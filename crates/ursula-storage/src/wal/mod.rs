@@ -340,6 +340,7 @@ impl Wal {
             poisoned: None,
             batch_failed: None,
             next_segment: None,
+            groups: Vec::new(),
             _lock: lock,
         };
         let handle = thread::Builder::new()

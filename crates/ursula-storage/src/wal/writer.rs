@@ -15,7 +15,7 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -88,6 +88,8 @@ pub(super) struct Writer {
     pub batch_failed: Option<String>,
     /// A zero-filled file being prepared for the next segment (see `prepare_segment`).
     pub next_segment: Option<JoinHandle<io::Result<std::path::PathBuf>>>,
+    /// The groups that wrote to the current batch (sorted).
+    pub groups: Vec<u32>,
     /// Holds the directory lock for as long as the writer runs.
     pub _lock: std::fs::File,
 }
@@ -95,25 +97,25 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn run(mut self) {
         self.prepare_next();
+        // How many groups wrote to the batch just committed (see `gather`).
+        let mut expect = 0usize;
         loop {
-            let Ok(first) = self.rx.recv() else {
-                break; // every handle dropped
+            let first = match self.rx.try_recv() {
+                Ok(msg) => msg,
+                Err(TryRecvError::Disconnected) => break, // every handle dropped
+                Err(TryRecvError::Empty) => match self.rx.recv() {
+                    Ok(msg) => msg,
+                    Err(_) => break,
+                },
             };
             #[cfg(test)]
             let gate = Arc::clone(&self.shared);
             #[cfg(test)]
             let _gate = gate.gate.lock().unwrap_or_else(|e| e.into_inner());
 
-            // Let the threads that feed us (on a busy core: the ones we just preempted) queue
-            // what they have ready, so that one sync commits all of it.
-            thread::yield_now();
-            let mut closing = self.handle(first);
-            while !closing && self.buf.len() < MAX_BATCH_BYTES {
-                match self.rx.try_recv() {
-                    Ok(msg) => closing = self.handle(msg),
-                    Err(_) => break,
-                }
-            }
+            self.groups.clear();
+            let closing = self.handle(first) || self.gather(expect);
+            expect = self.groups.len();
             self.commit();
             if closing {
                 break;
@@ -126,6 +128,34 @@ impl Writer {
         }
         self.shared.closed.store(true, Ordering::SeqCst);
         // Requests still queued are dropped with the receiver and complete with `Closed`.
+    }
+
+    /// Adds what is queued to the batch, after letting the threads that feed the WAL queue
+    /// more when the last batch had several groups. Returns true on `Close`.
+    ///
+    /// Group commit on a busy core: when a sync ends, the Raft groups whose entries it carried
+    /// are answered and each sends its next entry (gathered meanwhile) soon after, one after
+    /// the other on the same worker. With several groups, the writer yields the core so that
+    /// they all make this batch (a writer that synced the first at once would leave the
+    /// others for the next sync: measured, a third more CPU per append at 100 streams × 32
+    /// connections). With one group, what it sends is all there is, and yielding would make
+    /// the sync wait until the worker has nothing left to do, every HTTP answer included, with
+    /// the disk idle (measured: a sixth fewer appends/s to one stream over 16 connections).
+    fn gather(&mut self, expect: usize) -> bool {
+        if expect > 1 || self.groups.len() != 1 {
+            thread::yield_now();
+        }
+        while self.buf.len() < MAX_BATCH_BYTES {
+            match self.rx.try_recv() {
+                Ok(msg) => {
+                    if self.handle(msg) {
+                        return true;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
     }
 
     /// Encodes one request into the batch. Returns true on `Close`.
@@ -159,6 +189,11 @@ impl Writer {
             self.pending.push((done, 0));
             self.fail(&f);
             return false;
+        }
+        for r in &records {
+            if let Err(at) = self.groups.binary_search(&r.group) {
+                self.groups.insert(at, r.group);
+            }
         }
         self.encode(&records, bytes as usize);
         self.pending.push((done, self.next_lsn - 1));
