@@ -35,6 +35,12 @@ pub(super) async fn run_batcher(
     // A proposal taken from the queue that did not fit in the previous batch.
     let mut carry: Option<Pending> = None;
     loop {
+        // Seen here too, not only while waiting: a queue that never runs empty must not keep
+        // the batcher from stopping.
+        if !stopping && stop.has_changed().unwrap_or(true) {
+            stopping = true;
+            rx.close();
+        }
         // Whether the batcher had to wait for this batch's first proposal.
         let mut waited = true;
         let first = if carry.is_some() {
