@@ -374,56 +374,91 @@ impl Node {
 
     /// Hands every leadership of this node to other voters, each to the best caught-up one
     /// that accepts; waits at most `timeout` in total. Returns the groups still led.
+    ///
+    /// A group this node wins while shedding (an election it started before it stopped
+    /// campaigning) is handed away too: the groups led are looked at again after every round,
+    /// and each group is tried once per call.
     pub async fn shed_leaderships(&self, timeout: Duration) -> Vec<u32> {
         let deadline = Instant::now() + timeout;
-        let led = self.led_groups();
-        let moves = led.iter().map(|&group| async move {
-            // A group that cannot reach a quorum cannot elect anyone else (the peers are down
-            // or cut off): waiting for a hand-over would only delay a shutdown.
-            if !self.hears_quorum(group).await {
-                tracing::info!(group, "no quorum reachable: not handing over");
-                return;
+        let mut tried: Vec<u32> = Vec::new();
+        loop {
+            self.settle_campaigns(deadline).await;
+            let led: Vec<u32> = self
+                .led_groups()
+                .into_iter()
+                .filter(|g| !tried.contains(g))
+                .collect();
+            if led.is_empty() || Instant::now() >= deadline {
+                break;
             }
-            // Targets that refused are not asked again; targets that were too slow (one
-            // attempt pauses the group's writes for at most MAX_PAUSE, which a loaded machine
-            // can exceed) are asked again once every other target was tried, while time is
-            // left.
-            let (mut refused, mut slow) = (Vec::new(), Vec::<u64>::new());
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                let avoid: Vec<u64> = refused.iter().chain(&slow).copied().collect();
-                let target = match self.transfer_target(group, &avoid) {
-                    Some(t) => t,
-                    None if !slow.is_empty() => {
-                        slow.clear();
-                        let pause = Duration::from_millis(self.timing.heartbeat_ms);
-                        tokio::time::sleep(pause.min(left)).await;
-                        continue;
-                    }
-                    None => break,
-                };
-                match self.transfer_leader(group, target, left).await {
-                    Ok(_) | Err(TransferError::NotLeader { .. }) => return,
-                    Err(TransferError::Refused { target, reason }) => {
-                        tracing::info!(group, target, %reason, "transfer target refused");
-                        refused.push(target);
-                    }
-                    Err(e @ TransferError::Timeout { .. }) => {
-                        tracing::info!(group, target, error = %e, "trying another target");
-                        slow.push(target);
-                    }
-                    Err(e) => {
-                        tracing::warn!(group, target, error = %e, "leadership transfer failed");
-                        return;
-                    }
-                }
-            }
-        });
-        futures::future::join_all(moves).await;
+            futures::future::join_all(led.iter().map(|&g| self.shed_one(g, deadline))).await;
+            tried.extend(led);
+        }
         self.led_groups()
+    }
+
+    /// Waits (at most one election timeout, and not past `deadline`) for the elections this
+    /// node is running as a candidate to end, won or lost: it stopped campaigning, but a vote
+    /// already under way can still make it a leader.
+    async fn settle_campaigns(&self, deadline: Instant) {
+        let until =
+            deadline.min(Instant::now() + Duration::from_millis(self.timing.election_max_ms));
+        let settles = self.groups.iter().map(|g| async move {
+            let left = until.saturating_duration_since(Instant::now());
+            let _ = g
+                .raft
+                .wait(Some(left))
+                .metrics(|m| m.state != ServerState::Candidate, "campaign settled")
+                .await;
+        });
+        futures::future::join_all(settles).await;
+    }
+
+    /// Hands `group` to the best caught-up voter that accepts, until `deadline`.
+    async fn shed_one(&self, group: u32, deadline: Instant) {
+        // A group that cannot reach a quorum cannot elect anyone else (the peers are down
+        // or cut off): waiting for a hand-over would only delay a shutdown.
+        if !self.hears_quorum(group).await {
+            tracing::info!(group, "no quorum reachable: not handing over");
+            return;
+        }
+        // Targets that refused are not asked again; targets that were too slow (one
+        // attempt pauses the group's writes for at most MAX_PAUSE, which a loaded machine
+        // can exceed) are asked again once every other target was tried, while time is
+        // left.
+        let (mut refused, mut slow) = (Vec::new(), Vec::<u64>::new());
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let avoid: Vec<u64> = refused.iter().chain(&slow).copied().collect();
+            let target = match self.transfer_target(group, &avoid) {
+                Some(t) => t,
+                None if !slow.is_empty() => {
+                    slow.clear();
+                    let pause = Duration::from_millis(self.timing.heartbeat_ms);
+                    tokio::time::sleep(pause.min(left)).await;
+                    continue;
+                }
+                None => break,
+            };
+            match self.transfer_leader(group, target, left).await {
+                Ok(_) | Err(TransferError::NotLeader { .. }) => return,
+                Err(TransferError::Refused { target, reason }) => {
+                    tracing::info!(group, target, %reason, "transfer target refused");
+                    refused.push(target);
+                }
+                Err(e @ TransferError::Timeout { .. }) => {
+                    tracing::info!(group, target, error = %e, "trying another target");
+                    slow.push(target);
+                }
+                Err(e) => {
+                    tracing::warn!(group, target, error = %e, "leadership transfer failed");
+                    return;
+                }
+            }
+        }
     }
 
     /// Whether this leader of `group` is in touch with a quorum: it heard from one within a

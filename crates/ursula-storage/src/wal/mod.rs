@@ -340,7 +340,7 @@ impl Wal {
             poisoned: None,
             batch_failed: None,
             next_segment: None,
-            groups: Vec::new(),
+            groups: writer::Groups::None,
             _lock: lock,
         };
         let handle = thread::Builder::new()

@@ -15,7 +15,7 @@
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::Receiver;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -64,6 +64,30 @@ impl From<io::Error> for Failure {
     }
 }
 
+/// How many Raft groups wrote to a batch, as far as [`Writer::gather`] needs to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Groups {
+    None,
+    One(u32),
+    Several,
+}
+
+impl Groups {
+    fn with(self, group: u32) -> Groups {
+        match self {
+            Groups::None => Groups::One(group),
+            Groups::One(g) if g == group => self,
+            _ => Groups::Several,
+        }
+    }
+
+    /// Whether a batch whose first request came from `first`, after a batch from `self`,
+    /// yields before gathering (see [`Writer::gather`]): not when both are one group's.
+    fn yields_before(self, first: Groups) -> bool {
+        self == Groups::Several || !matches!(first, Groups::One(_))
+    }
+}
+
 pub(super) struct Writer {
     pub shared: Arc<Shared>,
     pub rx: Receiver<Msg>,
@@ -88,8 +112,8 @@ pub(super) struct Writer {
     pub batch_failed: Option<String>,
     /// A zero-filled file being prepared for the next segment (see `prepare_segment`).
     pub next_segment: Option<JoinHandle<io::Result<std::path::PathBuf>>>,
-    /// The groups that wrote to the current batch (sorted).
-    pub groups: Vec<u32>,
+    /// The groups that wrote to the current batch.
+    pub groups: Groups,
     /// Holds the directory lock for as long as the writer runs.
     pub _lock: std::fs::File,
 }
@@ -97,25 +121,20 @@ pub(super) struct Writer {
 impl Writer {
     pub(super) fn run(mut self) {
         self.prepare_next();
-        // How many groups wrote to the batch just committed (see `gather`).
-        let mut expect = 0usize;
+        // The groups that wrote to the batch just committed (see `gather`).
+        let mut last = Groups::None;
         loop {
-            let first = match self.rx.try_recv() {
-                Ok(msg) => msg,
-                Err(TryRecvError::Disconnected) => break, // every handle dropped
-                Err(TryRecvError::Empty) => match self.rx.recv() {
-                    Ok(msg) => msg,
-                    Err(_) => break,
-                },
+            let Ok(first) = self.rx.recv() else {
+                break; // every handle dropped
             };
             #[cfg(test)]
             let gate = Arc::clone(&self.shared);
             #[cfg(test)]
             let _gate = gate.gate.lock().unwrap_or_else(|e| e.into_inner());
 
-            self.groups.clear();
-            let closing = self.handle(first) || self.gather(expect);
-            expect = self.groups.len();
+            self.groups = Groups::None;
+            let closing = self.handle(first) || self.gather(last);
+            last = self.groups;
             self.commit();
             if closing {
                 break;
@@ -141,8 +160,8 @@ impl Writer {
     /// connections). With one group, what it sends is all there is, and yielding would make
     /// the sync wait until the worker has nothing left to do, every HTTP answer included, with
     /// the disk idle (measured: a sixth fewer appends/s to one stream over 16 connections).
-    fn gather(&mut self, expect: usize) -> bool {
-        if expect > 1 || self.groups.len() != 1 {
+    fn gather(&mut self, last: Groups) -> bool {
+        if last.yields_before(self.groups) {
             thread::yield_now();
         }
         while self.buf.len() < MAX_BATCH_BYTES {
@@ -191,9 +210,7 @@ impl Writer {
             return false;
         }
         for r in &records {
-            if let Err(at) = self.groups.binary_search(&r.group) {
-                self.groups.insert(at, r.group);
-            }
+            self.groups = self.groups.with(r.group);
         }
         self.encode(&records, bytes as usize);
         self.pending.push((done, self.next_lsn - 1));
@@ -426,5 +443,31 @@ impl Writer {
         self.batch_failed = Some(reason);
         self.buf.clear();
         self.batch_count = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Groups;
+
+    #[test]
+    fn only_one_group_after_at_most_one_syncs_without_yielding() {
+        let one = Groups::None.with(3);
+        assert_eq!(one, Groups::One(3));
+        assert_eq!(one.with(3), Groups::One(3));
+        let several = one.with(4);
+        assert_eq!(several, Groups::Several);
+        assert_eq!(several.with(3), Groups::Several);
+
+        // One busy group (or the first batch): straight on.
+        assert!(!one.yields_before(one));
+        assert!(!Groups::None.yields_before(one));
+        assert!(!Groups::One(4).yields_before(one));
+        // The last batch had several groups: the others are on their way.
+        assert!(several.yields_before(one));
+        assert!(several.yields_before(several));
+        // A first request with no records, or with several groups' records.
+        assert!(one.yields_before(Groups::None));
+        assert!(one.yields_before(several));
     }
 }
