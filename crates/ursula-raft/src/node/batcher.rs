@@ -29,8 +29,9 @@ pub(super) async fn run_batcher(
     mut rx: mpsc::Receiver<Pending>,
     inflight: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
-    health: Arc<ursula_storage::StorageHealth>,
+    wal: ursula_storage::Wal,
 ) {
+    let health = Arc::clone(wal.health());
     let mut stopping = false;
     // A proposal taken from the queue that did not fit in the previous batch.
     let mut carry: Option<Pending> = None;
@@ -49,8 +50,11 @@ pub(super) async fn run_batcher(
             waited = false;
             Some(p)
         } else if stopping {
+            wal.release(group);
             rx.recv().await
         } else {
+            // Nothing queued: the WAL should not hold its next sync for this group.
+            wal.release(group);
             tokio::select! {
                 m = rx.recv() => m,
                 _ = stop.changed() => {
@@ -95,6 +99,13 @@ pub(super) async fn run_batcher(
                 Err(_) => break,
             }
         }
+        // While proposals keep coming, the next batch follows this one's answer at once, and
+        // the answer follows the local sync when this node is the group's only voter. (With
+        // peers the answer waits for a quorum's round trip; the WAL must not hold other
+        // groups' entries, followers' included, for that.)
+        if sole_voter(&raft) {
+            wal.expect_next(group);
+        }
         match raft.client_write_ff(Batch(cmds)).await {
             // Answered here rather than in a task of its own: with one batch in flight the
             // batcher could not submit another before this one is answered anyway, and a
@@ -116,6 +127,7 @@ pub(super) async fn run_batcher(
             }
         }
     }
+    wal.release(group);
     // Wait for a leadership transfer that holds the permits.
     let _ = inflight.acquire_many(MAX_INFLIGHT_BATCHES as u32).await;
 }
@@ -166,6 +178,14 @@ fn deliver(
     for tx in txs {
         let _ = tx.send(Err(err.clone()));
     }
+}
+
+/// Whether this node is the group's only voter (a single node).
+fn sole_voter(raft: &Raft) -> bool {
+    let m = raft.metrics();
+    let m = m.borrow();
+    let mut voters = m.membership_config.membership().voter_ids();
+    voters.next() == Some(m.id) && voters.next().is_none()
 }
 
 fn raft_id(raft: &Raft) -> u64 {

@@ -268,7 +268,7 @@ impl Node {
                 rx,
                 Arc::clone(&inflight),
                 stop.subscribe(),
-                Arc::clone(wal.health()),
+                wal.clone(),
             )));
             let opened_term = raft.metrics().borrow().current_term;
             groups.push(Group {

@@ -181,6 +181,18 @@ struct Shared {
     disk_bytes: AtomicU64,
     sync_count: AtomicU64,
     closed: AtomicBool,
+    /// The groups (bit `group % 64`) of the last batch whose next request the writer awaits
+    /// before its next sync (see `Writer::gather`); a request clears its groups' bits, and
+    /// the one that clears the last wakes the writer.
+    awaited: AtomicU64,
+    /// The groups (bit `group % 64`) whose proposer announced that it sends a group's next
+    /// entry as soon as the current one is answered ([`Wal::expect_next`]); only these are
+    /// awaited.
+    awaitable: AtomicU64,
+    /// [`writer::AWAIT_GROUPS`] in microseconds (tests lengthen it).
+    await_groups_us: AtomicU64,
+    /// The writer thread, to wake it.
+    writer_thread: std::sync::OnceLock<thread::Thread>,
     /// Test hook: held by a test to stop the writer between receiving the first request of a
     /// batch and draining the rest, making group commit deterministic.
     #[cfg(test)]
@@ -315,6 +327,10 @@ impl Wal {
             disk_bytes: AtomicU64::new(disk_bytes),
             sync_count: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            awaited: AtomicU64::new(0),
+            awaitable: AtomicU64::new(0),
+            await_groups_us: AtomicU64::new(writer::AWAIT_GROUPS.as_micros() as u64),
+            writer_thread: std::sync::OnceLock::new(),
             #[cfg(test)]
             gate: Mutex::new(()),
         });
@@ -340,7 +356,7 @@ impl Wal {
             poisoned: None,
             batch_failed: None,
             next_segment: None,
-            groups: writer::Groups::None,
+            groups: writer::Groups::default(),
             _lock: lock,
         };
         let handle = thread::Builder::new()
@@ -396,8 +412,48 @@ impl Wal {
             }));
             return;
         }
+        let bits = records
+            .iter()
+            .fold(0u64, |b, r| b | writer::Groups::bit(r.group));
         // On failure the message comes back and is dropped, which completes it with `Closed`.
         let _ = self.inner.tx.send(Msg::Append { records, done });
+        self.arrived(bits);
+    }
+
+    /// Clears `bits` from the groups the writer awaits, and wakes it if they were the last.
+    fn arrived(&self, bits: u64) {
+        let shared = &self.inner.shared;
+        if shared.awaited.load(Ordering::Acquire) & bits != 0 {
+            let before = shared.awaited.fetch_and(!bits, Ordering::AcqRel);
+            if before & bits != 0
+                && before & !bits == 0
+                && let Some(t) = shared.writer_thread.get()
+            {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Announces that `group`'s proposer sends the group's next entry as soon as the one it
+    /// is appending now is durable and answered, for as long as it has proposals queued: the
+    /// writer may then wait for that entry before its next sync, so that one sync carries
+    /// every busy group (see the writer's `gather`). Undone by [`Wal::release`].
+    pub fn expect_next(&self, group: u32) {
+        let bit = writer::Groups::bit(group);
+        let shared = &self.inner.shared;
+        if shared.awaitable.load(Ordering::Relaxed) & bit == 0 {
+            shared.awaitable.fetch_or(bit, Ordering::AcqRel);
+        }
+    }
+
+    /// `group`'s proposer has nothing queued: the writer does not wait for it.
+    pub fn release(&self, group: u32) {
+        let bit = writer::Groups::bit(group);
+        let shared = &self.inner.shared;
+        if shared.awaitable.load(Ordering::Relaxed) & bit != 0 {
+            shared.awaitable.fetch_and(!bit, Ordering::AcqRel);
+        }
+        self.arrived(bit);
     }
 
     /// Deletes whole segment files all of whose records have LSN < `lsn` (never the active
