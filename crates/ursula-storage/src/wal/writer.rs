@@ -523,13 +523,20 @@ mod tests {
         wal
     }
 
-    #[tokio::test]
-    async fn one_sync_carries_every_announced_group_of_the_last_batch() {
-        let dir = tempfile::tempdir().unwrap();
-        let wal = patient_wal(dir.path());
+    /// A patient WAL in which groups 1 and 2 announced their next entries and wrote one
+    /// batch together.
+    async fn after_a_batch_of_groups_1_and_2(dir: &std::path::Path) -> Wal {
+        let wal = patient_wal(dir);
         wal.expect_next(1);
         wal.expect_next(2);
         wal.append(vec![record(1), record(2)]).await.unwrap();
+        wal
+    }
+
+    #[tokio::test]
+    async fn one_sync_carries_every_announced_group_of_the_last_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = after_a_batch_of_groups_1_and_2(dir.path()).await;
         let before = wal.sync_count();
         // Group 1's next entry waits for group 2's, however late it comes.
         let first = tokio::spawn({
@@ -545,11 +552,8 @@ mod tests {
     #[tokio::test]
     async fn a_released_or_silent_group_is_not_waited_for() {
         let dir = tempfile::tempdir().unwrap();
-        let wal = patient_wal(dir.path());
+        let wal = after_a_batch_of_groups_1_and_2(dir.path()).await;
         // Released after its batch: group 1's next entry syncs without group 2.
-        wal.expect_next(1);
-        wal.expect_next(2);
-        wal.append(vec![record(1), record(2)]).await.unwrap();
         wal.release(2);
         let started = Instant::now();
         tokio::time::timeout(Duration::from_secs(20), wal.append(vec![record(1)]))
