@@ -43,12 +43,12 @@ const NO_SPACE_MAX_RETRY: Duration = Duration::from_millis(500);
 /// (see [`Writer::gather`]). Long enough for a saturated worker to answer four groups' batches
 /// of 64 appends (measured: 500 µs cut appends at 1,000 streams × 256 connections by a sixth,
 /// 2 and 5 ms were level); a group with nothing queued is not waited for at all.
+pub(super) const AWAIT_GROUPS: Duration = Duration::from_millis(2);
+
 /// A batch larger than this is followed by a yield, not a wait for its groups: it carried
 /// many requests per group, so the worker is saturated and the next batch gathers anyway
 /// (measured at 1,000 streams × 256 connections: waiting cost 15 % more CPU per append).
 const AWAIT_BELOW_BYTES: usize = 32 << 10;
-
-pub(super) const AWAIT_GROUPS: Duration = Duration::from_millis(2);
 
 /// A failed storage operation, and whether it was a sync (which is never retried).
 #[derive(Debug)]
@@ -180,8 +180,9 @@ impl Writer {
     /// 100 streams × 32 connections (four groups), a quarter more appends/s than yielding the
     /// core until the worker is idle, which made the sync wait for every HTTP answer too.
     /// Without announced groups (a cluster: their answers wait for a quorum), or after a
-    /// larger batch, it still yields after a batch of several groups (a writer that synced the first at once would leave the
-    /// others for the next sync: a third more CPU per append). After a batch of one group,
+    /// batch over [`AWAIT_BELOW_BYTES`], it still yields after a batch of several groups (a
+    /// writer that synced the first at once would leave the others for the next sync: a third
+    /// more CPU per append). After a batch of one group,
     /// what it sends is all there is, and the writer syncs at once. A first request with no
     /// records or several groups' records lets the runtime run first.
     fn gather(&mut self, last: Groups, awaited: u64, committed: Instant) -> bool {
@@ -567,6 +568,22 @@ mod tests {
             .expect("waited for a group that never announced a next entry")
             .unwrap();
         assert!(started.elapsed() < Duration::from_secs(40));
+    }
+
+    #[tokio::test]
+    async fn a_batch_over_the_await_bound_is_not_waited_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = patient_wal(dir.path());
+        wal.expect_next(1);
+        wal.expect_next(2);
+        let mut big = record(1);
+        big.payload = vec![1; super::AWAIT_BELOW_BYTES + 1];
+        wal.append(vec![big, record(2)]).await.unwrap();
+        // Group 2 announced but never sends: after a large batch group 1 is not held for it.
+        tokio::time::timeout(Duration::from_secs(20), wal.append(vec![record(1)]))
+            .await
+            .expect("waited for a group after a batch over the bound")
+            .unwrap();
     }
 
     #[test]
