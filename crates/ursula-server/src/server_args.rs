@@ -191,6 +191,7 @@ impl ServerArgs {
         if let Some(v) = self.max_hot_size_per_group {
             cold.max_hot_size_per_group = v;
         }
+        c.resolve_defaults();
         c.validate()?;
         Ok((c, self.log_format))
     }
@@ -210,6 +211,32 @@ mod tests {
     fn config(argv: &[&str]) -> anyhow::Result<Config> {
         let w = Wrap::try_parse_from(std::iter::once("ursula").chain(argv.iter().copied()))?;
         Ok(w.args.into_config()?.0)
+    }
+
+    #[test]
+    fn a_local_cold_tier_flushes_from_one_mib_unless_told_otherwise() {
+        // The default node keeps its cold tier in a local directory.
+        let c = config(&[]).unwrap();
+        assert_eq!(c.tiering().flush_min_hot_size, 1 << 20);
+        // Any other backend flushes at flush_size.
+        let c = config(&["--cold-backend", "memory"]).unwrap();
+        assert_eq!(c.tiering().flush_min_hot_size, 8 << 20);
+        // A setting in the file wins, and a smaller flush_size bounds the default.
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        let set = file(
+            "set.toml",
+            "[storage.cold]\nflush_min_hot_size = \"4MiB\"\n",
+        );
+        let c = config(&["--config", &set]).unwrap();
+        assert_eq!(c.tiering().flush_min_hot_size, 4 << 20);
+        let small = file("small.toml", "[storage.cold]\nflush_size = \"256KiB\"\n");
+        let c = config(&["--config", &small]).unwrap();
+        assert_eq!(c.tiering().flush_min_hot_size, 256 << 10);
     }
 
     #[test]
@@ -257,6 +284,8 @@ mod tests {
         assert!(c.storage.cold.local.shared);
         assert_eq!(c.storage.cold.max_hot_size_per_group, 32 << 20);
         assert_eq!(c.runtime.core_count, Some(2));
+        // A shared directory is read through the store: it flushes at flush_size.
+        assert_eq!(c.tiering().flush_min_hot_size, 8 << 20);
     }
 
     #[test]
