@@ -11,9 +11,6 @@ use std::path::PathBuf;
 pub const DEFAULT_SEND_BUFFER_BYTES: u64 = 256 << 10;
 /// The smallest `send_buffer_bytes` accepted (other than 0).
 const MIN_SEND_BUFFER_BYTES: u64 = 128 << 10;
-/// Hot bytes a group holds before it flushes, with the `local` cold backend and no
-/// `storage.cold.flush_min_hot_size` set ([`Config::resolve_defaults`]).
-pub const LOCAL_FLUSH_MIN_HOT_SIZE: u64 = 1 << 20;
 
 /// Every setting of a node, with its default.
 #[derive(Debug, Clone, Deserialize)]
@@ -245,29 +242,15 @@ impl Config {
             .collect()
     }
 
-    /// Folds the `[server]` and `[raft]` keys that override top-level ones into them.
     /// Defaults that depend on other settings, filled in once every source (file, flags,
-    /// environment) has been read.
-    ///
-    /// With the `local` cold backend (not `shared`) a group flushes once it holds
-    /// [`LOCAL_FLUSH_MIN_HOT_SIZE`] rather than `flush_size`: a local flush is a file write and
-    /// a sync on the node's own disk, and flushed bytes are read back from the page cache by
-    /// `sendfile`, about half the CPU of sending them from the hot ring (docs/benchmarks.md,
-    /// session 19). Object stores keep `flush_size` (every flush is a paid request), and so
-    /// does a shared directory (read through the store, never by `sendfile`).
+    /// environment) has been read: today the cold tier's flush threshold, which depends on
+    /// the backend in force ([`ursula_storage::cold::ColdConfig::resolve_defaults`]).
     pub fn resolve_defaults(&mut self) {
         let has_peers = self.has_peers();
-        let cold = &mut self.storage.cold;
-        let mapped = !cold.local.shared
-            && matches!(
-                cold.backend(has_peers),
-                Ok(ursula_storage::cold::Backend::Local)
-            );
-        if cold.flush_min_hot_size.is_none() && mapped {
-            cold.flush_min_hot_size = Some(LOCAL_FLUSH_MIN_HOT_SIZE.min(cold.flush_size));
-        }
+        self.storage.cold.resolve_defaults(has_peers);
     }
 
+    /// Folds the `[server]` and `[raft]` keys that override top-level ones into them.
     pub fn resolve_sections(&mut self) {
         if let Some(l) = self.server.listen {
             self.listen = l;

@@ -80,6 +80,10 @@ impl<'de> Deserialize<'de> for Encryption {
     }
 }
 
+/// Hot bytes a group holds before it flushes, with an unshared `local` backend and no
+/// `flush_min_hot_size` set ([`ColdConfig::resolve_defaults`]).
+pub const LOCAL_FLUSH_MIN_HOT_SIZE: u64 = 1 << 20;
+
 /// `[storage.cold]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -96,7 +100,9 @@ pub struct ColdConfig {
     /// Target bytes per group per flush. Default: `8MiB`.
     #[serde(deserialize_with = "size")]
     pub flush_size: u64,
-    /// A group flushes once it holds this many hot bytes. Default: = `flush_size`.
+    /// A group flushes once it holds this many hot bytes. Default: [`LOCAL_FLUSH_MIN_HOT_SIZE`]
+    /// (at most `flush_size`) with an unshared `local` backend, else = `flush_size`
+    /// ([`ColdConfig::resolve_defaults`]).
     #[serde(deserialize_with = "opt_size")]
     pub flush_min_hot_size: Option<u64>,
     /// Largest flush object. Default: = `flush_size`.
@@ -401,6 +407,22 @@ pub enum ColdConfigError {
 }
 
 impl ColdConfig {
+    /// Fills in the defaults that depend on the backend in force; call once every source of
+    /// settings has been read.
+    ///
+    /// With an unshared `local` backend a group flushes once it holds
+    /// [`LOCAL_FLUSH_MIN_HOT_SIZE`] rather than `flush_size`: a local flush is a file write and
+    /// a sync on the node's own disk, and flushed bytes are read back from the page cache by
+    /// `sendfile`, at about 40 % of the CPU of sending them from the hot ring
+    /// (docs/benchmarks.md, session 19). Object stores keep `flush_size` (every flush is a
+    /// paid request), and so does a shared directory (read through the store, not mapped).
+    pub fn resolve_defaults(&mut self, has_peers: bool) {
+        let mapped = !self.local.shared && matches!(self.backend(has_peers), Ok(Backend::Local));
+        if self.flush_min_hot_size.is_none() && mapped {
+            self.flush_min_hot_size = Some(LOCAL_FLUSH_MIN_HOT_SIZE.min(self.flush_size));
+        }
+    }
+
     /// The backend in force: the configured one, else `local` without peers.
     pub fn backend(&self, has_peers: bool) -> Result<Backend, ColdConfigError> {
         let backend = match (self.backend, has_peers) {
