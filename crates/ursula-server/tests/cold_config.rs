@@ -158,6 +158,38 @@ fn every_spec_key_of_the_cold_section_is_accepted() {
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
+/// A node with no settings moves a group's bytes to its `local` cold tier once the group holds
+/// 1 MiB (not `flush_size`'s 8 MiB; docs/configuration.md), and reads them back exact, also
+/// after a restart.
+#[test]
+fn a_default_node_flushes_from_one_mib() {
+    let mut s = Server::start();
+    let path = "/one-mib/s";
+    assert_eq!(s.put(path, "application/octet-stream", b"").status, 201);
+    // 1.5 MiB in 24 appends of 64 KiB, each with its own bytes.
+    let mut want = Vec::new();
+    for i in 0..24u32 {
+        let chunk: Vec<u8> = (0..64 * 1024u32)
+            .map(|j| (j.wrapping_mul(31) ^ i) as u8)
+            .collect();
+        assert_eq!(s.post(path, "application/octet-stream", &chunk).status, 204);
+        want.extend_from_slice(&chunk);
+    }
+    let metric = |s: &Server, n: &str| s.metrics()[n].as_u64().unwrap_or(0);
+    assert!(
+        wait_until(Duration::from_secs(20), || metric(&s, "cold_bytes")
+            >= 1 << 20),
+        "a default node did not flush 1.5 MiB: {}",
+        s.metrics()
+    );
+    assert!(metric(&s, "hot_bytes") < 1 << 20, "{}", s.metrics());
+    let (got, _) = s.read_all(path);
+    assert!(got == want, "bytes differ after the flush");
+    s.restart();
+    let (got, _) = s.read_all(path);
+    assert!(got == want, "bytes differ after a restart");
+}
+
 /// Groups below the flush threshold still flush when the hot bytes of all led groups pass
 /// `flush_pressure_hot_size`, so many small groups cannot hold unbounded memory together.
 #[test]
