@@ -368,20 +368,48 @@ impl crate::group::GroupState {
         self.streams.values().map(StreamState::hot_len).sum()
     }
 
-    /// Picks hot ranges for one flush object of at most `max_bytes` (at least one range
-    /// when anything is hot): the largest hot ranges first, so that one object moves the
-    /// most memory. A range larger than `max_bytes` is cut to it (its rest waits for the
-    /// next flush). Deterministic for a given state.
+    /// Picks hot ranges for one flush object of at most `max_bytes`, any stream eligible
+    /// ([`FlushRule::any`]).
     pub fn flush_candidates(&self, max_bytes: u64) -> Vec<FlushCandidate> {
-        let mut hot: Vec<(&StreamKey, &StreamState)> = self
-            .streams
-            .iter()
-            .filter(|(_, s)| s.hot_len() > 0)
-            .collect();
-        hot.sort_by(|a, b| b.1.hot_len().cmp(&a.1.hot_len()).then(a.0.cmp(b.0)));
-        let mut out = Vec::new();
-        let mut room = max_bytes.max(1);
-        for (key, s) in hot {
+        self.pick_flush(&FlushRule::any(max_bytes)).picked
+    }
+
+    /// One walk over the group's streams for a flush (cluster.md §6.2): counts the hot
+    /// bytes, and those of the streams holding at least `rule.min_run`. When those reach
+    /// `rule.min_ready`, the flush takes only such streams, so that an object is not a
+    /// confetti of tiny slices (each of which costs a chunk reference for as long as the
+    /// bytes live, and a ranged read to catch up on); otherwise, once the group's hot bytes
+    /// reach `rule.any_at`, it takes any stream. Picks ranges for one object of at most
+    /// `rule.max_bytes` (at least one range): the largest streams first, so that one object
+    /// moves the most memory. A range larger than the room left is cut to it (its rest waits
+    /// for the next flush). Deterministic for a given state: ties go to the smaller key.
+    pub fn pick_flush(&self, rule: &FlushRule) -> FlushPick {
+        let min_run = rule.min_run.max(1);
+        let mut pick = FlushPick::default();
+        let mut hot = Vec::new();
+        for (key, s) in &self.streams {
+            let n = s.hot_len();
+            if n == 0 {
+                continue;
+            }
+            pick.hot += n;
+            if n >= min_run {
+                pick.ready += n;
+            }
+            hot.push(Ready { n, key, s });
+        }
+        if pick.ready >= rule.min_ready.max(1) {
+            hot.retain(|r| r.n >= min_run);
+        } else if pick.hot < rule.any_at.max(1) {
+            return pick;
+        }
+        // A heap, not a sort: a flush often takes only the first few of many streams.
+        let mut ready = std::collections::BinaryHeap::from(hot);
+        let mut room = rule.max_bytes.max(1);
+        while room > 0 {
+            let Some(Ready { key, s, .. }) = ready.pop() else {
+                break;
+            };
             // The runs of hot bytes between external payloads, from the hot start.
             let mut at = s.data_start;
             let mut refs = s.cold.range_from(s.first_ahead());
@@ -390,7 +418,7 @@ impl crate::group::GroupState {
                 let run_end = next.map_or(s.tail, |c| c.start);
                 let n = (run_end - at).min(room);
                 if n > 0 {
-                    out.push(FlushCandidate {
+                    pick.picked.push(FlushCandidate {
                         key: key.clone(),
                         incarnation: s.incarnation,
                         start: at,
@@ -403,10 +431,71 @@ impl crate::group::GroupState {
                     _ => break,
                 }
             }
-            if room == 0 {
-                break;
-            }
         }
-        out
+        pick
     }
 }
+
+/// Which hot bytes a flush may take ([`GroupState::pick_flush`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushRule {
+    /// Smallest hot run of a stream that a flush takes while enough such runs are hot.
+    pub min_run: u64,
+    /// Hot bytes in runs of at least `min_run` at which the group flushes them.
+    pub min_ready: u64,
+    /// Hot bytes of the group at which it flushes any stream, however small its run.
+    pub any_at: u64,
+    /// Largest object.
+    pub max_bytes: u64,
+}
+
+impl FlushRule {
+    /// Whatever is hot, largest first (a forced flush: memory pressure, a test).
+    pub fn any(max_bytes: u64) -> Self {
+        FlushRule {
+            min_run: 1,
+            min_ready: 1,
+            any_at: 1,
+            max_bytes,
+        }
+    }
+}
+
+/// What [`GroupState::pick_flush`] saw and chose.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlushPick {
+    /// Hot bytes over all streams of the group.
+    pub hot: u64,
+    /// Hot bytes of the streams holding at least `min_run`.
+    pub ready: u64,
+    /// Ranges for one flush object; empty when the rule says not yet.
+    pub picked: Vec<FlushCandidate>,
+}
+
+/// A stream eligible for a flush, ordered by hot bytes (most first), then by key (smallest
+/// first), for [`GroupState::pick_flush`]'s max-heap.
+struct Ready<'a> {
+    n: u64,
+    key: &'a StreamKey,
+    s: &'a StreamState,
+}
+
+impl Ord for Ready<'_> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.n.cmp(&other.n).then_with(|| other.key.cmp(self.key))
+    }
+}
+
+impl PartialOrd for Ready<'_> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Ready<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other).is_eq()
+    }
+}
+
+impl Eq for Ready<'_> {}

@@ -356,12 +356,27 @@ impl Config {
         Ok(())
     }
 
+    /// `storage.cold.flush_any_hot_size`; when the cold-health gate runs and the size was not
+    /// set, also at most its low mark (above `flush_min_hot_size`), so that a group of tiny
+    /// streams flushes before the gate would call it behind.
+    fn flush_any_hot_size(&self) -> u64 {
+        let c = &self.storage.cold;
+        let h = &self.governance.cold_health;
+        if c.flush_any_hot_size.is_some() || !self.has_peers() || h.interval.is_zero() {
+            return c.flush_any_hot_size();
+        }
+        let (_, low) = h.marks(c.max_hot_size_per_group);
+        c.flush_any_hot_size().min(low.max(c.flush_min_hot_size()))
+    }
+
     /// The cold tier's flush, GC and admission settings (`[storage.cold]`).
     pub fn tiering(&self) -> crate::tiering::TierConfig {
         let c = &self.storage.cold;
         crate::tiering::TierConfig {
             flush_interval: c.flush_interval,
             flush_min_hot_size: c.flush_min_hot_size(),
+            flush_min_run: c.flush_min_run(),
+            flush_any_hot_size: self.flush_any_hot_size(),
             flush_max_size: c.flush_max_size(),
             flush_pressure_hot_size: c.flush_pressure_hot_size,
             flush_max_concurrency: c.flush_max_concurrency,

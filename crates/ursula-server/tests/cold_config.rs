@@ -257,3 +257,66 @@ fn an_unreachable_s3_store_does_not_keep_the_node_down() {
     );
     assert_eq!(s.put("/cold-test/s1", "text/plain", b"x").status, 201);
 }
+
+/// A flush takes the streams whose hot runs reach `flush_min_run` once they hold
+/// `flush_min_hot_size` together; smaller tails stay hot until the group holds
+/// `flush_any_hot_size`, then go too until it holds less (docs/configuration.md).
+#[test]
+fn small_tails_stay_hot_until_the_group_holds_flush_any_hot_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tmp.path().join("ursula.toml");
+    std::fs::write(
+        &cfg,
+        "[storage.cold]\nflush_size = \"256KiB\"\nflush_min_run = \"16KiB\"\n\
+         flush_any_hot_size = \"512KiB\"\nflush_interval = \"50ms\"\n",
+    )
+    .unwrap();
+    let s = Server::start_in_with_args(
+        &tmp.path().join("data"),
+        &["--config", cfg.to_str().unwrap(), "--group-count", "1"],
+    );
+    let metric = |n: &str| s.metrics()[n].as_u64().unwrap_or(0);
+    let tail = |i: u32| vec![i as u8; 4 * 1024];
+    let fill = |range: std::ops::Range<u32>| {
+        for i in range {
+            let path = format!("/tails/s{i}");
+            assert_eq!(s.put(&path, "application/octet-stream", b"").status, 201);
+            let r = s.post(&path, "application/octet-stream", &tail(i));
+            assert_eq!(r.status, 204);
+        }
+    };
+    // 256 KiB of 4 KiB tails: the flush threshold in bytes, but not in runs worth a flush.
+    fill(0..64);
+    // One stream of 256 KiB (one object) is: it goes, the tails stay.
+    let big = vec![9u8; 256 * 1024];
+    assert_eq!(
+        s.put("/tails/big", "application/octet-stream", b"").status,
+        201
+    );
+    assert_eq!(
+        s.post("/tails/big", "application/octet-stream", &big)
+            .status,
+        204
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || metric("cold_bytes")
+            >= 256 * 1024),
+        "the large stream did not flush: {}",
+        s.metrics()
+    );
+    assert_eq!(metric("hot_bytes"), 256 * 1024, "{}", s.metrics());
+    // Another 256 KiB of tails takes the group to `flush_any_hot_size`: tails go, largest
+    // (then smallest key) first, one object at a time, until the group holds less.
+    fill(64..128);
+    assert!(
+        wait_until(Duration::from_secs(20), || metric("cold_bytes")
+            >= 512 * 1024),
+        "the tails did not flush at flush_any_hot_size: {}",
+        s.metrics()
+    );
+    assert_eq!(metric("hot_bytes"), 256 * 1024, "{}", s.metrics());
+    for i in [0, 63, 127] {
+        let (got, _) = s.read_all(&format!("/tails/s{i}"));
+        assert!(got == tail(i), "tail {i} differs after its flush");
+    }
+}

@@ -8,7 +8,7 @@ use crate::metrics::inc;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
+use ursula_core::cold::{FlushPick, FlushReq, FlushRule, FlushSlice, ObjectId, Piece};
 use ursula_core::command::Op;
 use ursula_storage::chunk_object;
 use ursula_storage::cold::{Body, ColdError};
@@ -24,18 +24,22 @@ impl Tiering {
         let Some(_busy) = self.claim(group) else {
             return 0;
         };
-        let min = if force {
-            1
+        let rule = if force {
+            FlushRule::any(self.cfg.flush_max_size)
         } else {
-            self.cfg.flush_min_hot_size
+            FlushRule {
+                min_run: self.cfg.flush_min_run,
+                min_ready: self.cfg.flush_min_hot_size,
+                any_at: self.cfg.flush_any_hot_size,
+                max_bytes: self.cfg.flush_max_size,
+            }
         };
         let planned = app.with_group(group, |g| {
-            let hot = g.hot_bytes();
+            let FlushPick { hot, picked, .. } = g.pick_flush(&rule);
             self.note_hot(group, hot);
-            if hot < min {
+            if picked.is_empty() {
                 return None;
             }
-            let picked = g.flush_candidates(self.cfg.flush_max_size);
             let mut pieces = Vec::with_capacity(picked.len());
             for c in &picked {
                 let mut p = Vec::new();

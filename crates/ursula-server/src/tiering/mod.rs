@@ -35,8 +35,14 @@ use ursula_storage::cold::{Body, ColdError, ColdStore, ObjectKey};
 pub struct TierConfig {
     /// Flush tick. Default: 1 s.
     pub flush_interval: Duration,
-    /// A group flushes once it holds this many hot bytes. Default: 8 MiB.
+    /// A group flushes once its streams holding at least `flush_min_run` hot bytes hold
+    /// this many together. Default: 8 MiB.
     pub flush_min_hot_size: u64,
+    /// Smallest hot run of a stream that an unforced flush takes. Default: 64 KiB.
+    pub flush_min_run: u64,
+    /// A group flushes any stream, however small its run, once it holds this many hot
+    /// bytes. Default: 16 MiB.
+    pub flush_any_hot_size: u64,
     /// Largest flush object. Default: 8 MiB.
     pub flush_max_size: u64,
     /// Led groups' hot bytes above which undersized groups flush too (`0` off). 128 MiB.
@@ -59,6 +65,8 @@ impl Default for TierConfig {
         TierConfig {
             flush_interval: Duration::from_secs(1),
             flush_min_hot_size: 8 << 20,
+            flush_min_run: 64 << 10,
+            flush_any_hot_size: 16 << 20,
             flush_max_size: 8 << 20,
             flush_pressure_hot_size: 128 << 20,
             flush_max_concurrency: 4,

@@ -1,6 +1,7 @@
-//! One flush tick of the cold tier (cluster.md §6.2): every group this node leads that holds
-//! at least `flush_min_hot_size` hot bytes flushes, at most `flush_max_concurrency` uploads
-//! at once; then, while the led groups' hot bytes add up to more than
+//! One flush tick of the cold tier (cluster.md §6.2): every group this node leads whose
+//! streams with runs of at least `flush_min_run` hot bytes hold `flush_min_hot_size` together
+//! flushes them, and one holding `flush_any_hot_size` flushes any stream
+//! (`GroupState::pick_flush`), at most `flush_max_concurrency` uploads at once; then, while the led groups' hot bytes add up to more than
 //! `flush_pressure_hot_size`, the groups holding the most flush whatever they hold. A group
 //! is probed once per leadership for an orphan at its next object id.
 

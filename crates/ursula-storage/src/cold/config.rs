@@ -108,6 +108,16 @@ pub struct ColdConfig {
     /// Largest flush object. Default: = `flush_size`.
     #[serde(deserialize_with = "opt_size")]
     pub flush_max_size: Option<u64>,
+    /// Smallest hot run of a stream that a flush takes while the group holds
+    /// `flush_min_hot_size` in such runs (smaller tails wait, so that objects are not made
+    /// of tiny slices). Default: `flush_min_hot_size / 16`, at most `64KiB`.
+    #[serde(deserialize_with = "opt_size")]
+    pub flush_min_run: Option<u64>,
+    /// Hot bytes at which a group flushes any stream, however small its run. Default: a
+    /// quarter of `max_hot_size_per_group` (of `64MiB` when that is `0`), within
+    /// `flush_min_hot_size` ..= 16 × `flush_min_hot_size`.
+    #[serde(deserialize_with = "opt_size")]
+    pub flush_any_hot_size: Option<u64>,
     /// When the hot bytes of every group this node leads add up to more than this, groups
     /// below `flush_min_hot_size` flush too, largest first (`0` disables). Default: `128MiB`.
     #[serde(deserialize_with = "size")]
@@ -187,6 +197,8 @@ impl Default for ColdConfig {
             flush_size: 8 << 20,
             flush_min_hot_size: None,
             flush_max_size: None,
+            flush_min_run: None,
+            flush_any_hot_size: None,
             flush_pressure_hot_size: 128 << 20,
             flush_max_concurrency: 4,
             max_hot_size_per_group: 64 << 20,
@@ -374,7 +386,8 @@ pub enum ColdConfigError {
     #[error("storage.cold.flush_size (or flush_max_size) and gc_max_entries must be non-zero")]
     ZeroFlushSize,
     #[error(
-        "storage.cold.flush_min_hot_size (or flush_size) must not exceed max_hot_size_per_group"
+        "storage.cold.flush_min_hot_size (or flush_size) and flush_any_hot_size must not exceed \
+         max_hot_size_per_group"
     )]
     FlushAboveHotBound,
     #[error("storage.cold.flush_max_concurrency must be non-zero")]
@@ -500,7 +513,8 @@ impl ColdConfig {
             return Err(ColdConfigError::CompactionUnsupported);
         }
         if self.max_hot_size_per_group > 0
-            && self.flush_min_hot_size() > self.max_hot_size_per_group
+            && self.flush_min_hot_size().max(self.flush_any_hot_size())
+                > self.max_hot_size_per_group
         {
             // The group would refuse writes before it ever reached the flush threshold.
             return Err(ColdConfigError::FlushAboveHotBound);
@@ -511,6 +525,24 @@ impl ColdConfig {
     /// `flush_min_hot_size`, defaulting to `flush_size`.
     pub fn flush_min_hot_size(&self) -> u64 {
         self.flush_min_hot_size.unwrap_or(self.flush_size)
+    }
+
+    /// `flush_min_run`, defaulting to `flush_min_hot_size / 16`, at most 64 KiB.
+    pub fn flush_min_run(&self) -> u64 {
+        self.flush_min_run
+            .unwrap_or((self.flush_min_hot_size() / 16).clamp(1, 64 << 10))
+    }
+
+    /// `flush_any_hot_size`, defaulting to a quarter of the per-group cap, within
+    /// `flush_min_hot_size` ..= 16 × `flush_min_hot_size`.
+    pub fn flush_any_hot_size(&self) -> u64 {
+        let min = self.flush_min_hot_size();
+        let cap = match self.max_hot_size_per_group {
+            0 => 64 << 20,
+            cap => cap,
+        };
+        self.flush_any_hot_size
+            .unwrap_or((cap / 4).clamp(min, min.saturating_mul(16)))
     }
 
     /// `flush_max_size`, defaulting to `flush_size`.
@@ -691,6 +723,37 @@ mod tests {
         assert!(matches!(
             bad_root.validate(false),
             Err(ColdConfigError::InvalidRoot(_))
+        ));
+    }
+
+    #[test]
+    fn flush_runs_default_from_the_thresholds_and_stay_under_the_cap() {
+        let mut local = ColdConfig::default();
+        local.resolve_defaults(false);
+        assert_eq!(local.flush_min_hot_size(), 1 << 20);
+        assert_eq!(local.flush_min_run(), 64 << 10);
+        assert_eq!(local.flush_any_hot_size(), 16 << 20);
+        let small: ColdConfig =
+            toml::from_str("flush_size = \"64KiB\"\nmax_hot_size_per_group = \"512KiB\"\n")
+                .unwrap();
+        assert_eq!(small.flush_min_run(), 4 << 10);
+        assert_eq!(small.flush_any_hot_size(), 128 << 10);
+        let uncapped = ColdConfig {
+            max_hot_size_per_group: 0,
+            ..Default::default()
+        };
+        assert_eq!(uncapped.flush_any_hot_size(), 16 << 20);
+        let set: ColdConfig =
+            toml::from_str("flush_min_run = \"1KiB\"\nflush_any_hot_size = \"32MiB\"\n").unwrap();
+        assert_eq!(
+            (set.flush_min_run(), set.flush_any_hot_size()),
+            (1 << 10, 32 << 20)
+        );
+        assert!(set.validate(false).is_ok());
+        let over: ColdConfig = toml::from_str("flush_any_hot_size = \"65MiB\"\n").unwrap();
+        assert!(matches!(
+            over.validate(false),
+            Err(ColdConfigError::FlushAboveHotBound)
         ));
     }
 
