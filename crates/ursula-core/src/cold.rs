@@ -380,13 +380,19 @@ impl crate::group::GroupState {
     /// confetti of tiny slices (each of which costs a chunk reference for as long as the
     /// bytes live, and a ranged read to catch up on); otherwise, once the group's hot bytes
     /// reach `rule.any_at`, it takes any stream. Picks ranges for one object of at most
-    /// `rule.max_bytes` (at least one range): the largest streams first, so that one object
-    /// moves the most memory. A range larger than the room left is cut to it (its rest waits
-    /// for the next flush). Deterministic for a given state: ties go to the smaller key.
+    /// `rule.max_bytes` (at least one range) and their bytes ([`FlushPick::bytes`]). When the
+    /// object cannot take every eligible stream, the largest go first, so that one object
+    /// moves the most memory, and a range larger than the room left is cut to it (its rest
+    /// waits for the next flush); otherwise they come in no particular order.
+    ///
+    /// This runs under the group's read lock, which holds off its writes: at 25,000 small
+    /// streams a pick that ordered them all by size (and by key on ties) and looked each up
+    /// again to plan its bytes held appends for tens of milliseconds (docs/benchmarks.md,
+    /// session 21).
     pub fn pick_flush(&self, rule: &FlushRule) -> FlushPick {
         let min_run = rule.min_run.max(1);
         let mut pick = FlushPick::default();
-        let mut hot = Vec::new();
+        let mut hot: Vec<(u64, &StreamKey, &StreamState)> = Vec::new();
         for (key, s) in &self.streams {
             let n = s.hot_len();
             if n == 0 {
@@ -396,20 +402,25 @@ impl crate::group::GroupState {
             if n >= min_run {
                 pick.ready += n;
             }
-            hot.push(Ready { n, key, s });
+            hot.push((n, key, s));
         }
-        if pick.ready >= rule.min_ready.max(1) {
-            hot.retain(|r| r.n >= min_run);
-        } else if pick.hot < rule.any_at.max(1) {
+        let eligible = if pick.ready >= rule.min_ready.max(1) {
+            hot.retain(|&(n, _, _)| n >= min_run);
+            pick.ready
+        } else if pick.hot >= rule.any_at.max(1) {
+            pick.hot
+        } else {
             return pick;
-        }
-        // A heap, not a sort: a flush often takes only the first few of many streams.
-        let mut ready = std::collections::BinaryHeap::from(hot);
+        };
         let mut room = rule.max_bytes.max(1);
-        while room > 0 {
-            let Some(Ready { key, s, .. }) = ready.pop() else {
+        if eligible > room {
+            hot.sort_unstable_by_key(|&(n, _, _)| std::cmp::Reverse(n));
+        }
+        pick.picked.reserve(hot.len());
+        for (_, key, s) in hot {
+            if room == 0 {
                 break;
-            };
+            }
             // The runs of hot bytes between external payloads, from the hot start.
             let mut at = s.data_start;
             let mut refs = s.cold.range_from(s.first_ahead());
@@ -417,7 +428,7 @@ impl crate::group::GroupState {
                 let next = refs.next();
                 let run_end = next.map_or(s.tail, |c| c.start);
                 let n = (run_end - at).min(room);
-                if n > 0 {
+                if n > 0 && s.plan_own(at, at + n, &mut pick.bytes) {
                     pick.picked.push(FlushCandidate {
                         key: key.clone(),
                         incarnation: s.incarnation,
@@ -450,7 +461,7 @@ pub struct FlushRule {
 }
 
 impl FlushRule {
-    /// Whatever is hot, largest first (a forced flush: memory pressure, a test).
+    /// Whatever is hot (a forced flush: memory pressure, a test).
     pub fn any(max_bytes: u64) -> Self {
         FlushRule {
             min_run: 1,
@@ -462,7 +473,7 @@ impl FlushRule {
 }
 
 /// What [`GroupState::pick_flush`] saw and chose.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct FlushPick {
     /// Hot bytes over all streams of the group.
     pub hot: u64,
@@ -470,32 +481,6 @@ pub struct FlushPick {
     pub ready: u64,
     /// Ranges for one flush object; empty when the rule says not yet.
     pub picked: Vec<FlushCandidate>,
+    /// The bytes of `picked`, in order (all [`Piece::Hot`]: a picked range is hot).
+    pub bytes: Vec<Piece>,
 }
-
-/// A stream eligible for a flush, ordered by hot bytes (most first), then by key (smallest
-/// first), for [`GroupState::pick_flush`]'s max-heap.
-struct Ready<'a> {
-    n: u64,
-    key: &'a StreamKey,
-    s: &'a StreamState,
-}
-
-impl Ord for Ready<'_> {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.n.cmp(&other.n).then_with(|| other.key.cmp(self.key))
-    }
-}
-
-impl PartialOrd for Ready<'_> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl PartialEq for Ready<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other).is_eq()
-    }
-}
-
-impl Eq for Ready<'_> {}

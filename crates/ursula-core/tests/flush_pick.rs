@@ -1,6 +1,6 @@
 //! Which hot bytes a flush takes (`GroupState::pick_flush`, cluster.md §6.2): small tails wait
-//! while enough large runs are hot, the largest streams go first, an object never passes its
-//! size, and every picked range reads back from hot bytes only.
+//! while enough large runs are hot, the largest streams go first when not all fit, an object
+//! never passes its size, and every picked range and its planned bytes are hot.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "test code")]
 
@@ -65,16 +65,16 @@ fn a_group_of_tiny_streams_flushes_them_all_once_it_holds_enough() {
     let w = world(&[(0, 100, false), (1, 300, false), (2, 200, false)]);
     let p = w.g.pick_flush(&rule(1_000, 4_000, 600, 1 << 20));
     assert_eq!(p.ready, 0);
-    let runs: Vec<_> = p.picked.iter().map(|c| (c.key.clone(), c.end)).collect();
-    assert_eq!(
-        runs,
-        vec![(key("s1"), 300), (key("s2"), 200), (key("s0"), 100)]
-    );
+    let mut runs: Vec<_> = p.picked.iter().map(|c| (c.key.clone(), c.end)).collect();
+    runs.sort();
+    let mut want = vec![(key("s0"), 100), (key("s1"), 300), (key("s2"), 200)];
+    want.sort();
+    assert_eq!(runs, want);
 }
 
 #[test]
-fn an_object_is_cut_at_its_size_and_ties_go_to_the_smaller_key() {
-    let w = world(&[(3, 500, false), (1, 500, false), (2, 500, false)]);
+fn an_object_that_cannot_take_all_takes_the_largest_and_is_cut_at_its_size() {
+    let w = world(&[(3, 300, false), (1, 500, false), (2, 400, false)]);
     let p = w.g.pick_flush(&FlushRule::any(700));
     let runs: Vec<_> = p
         .picked
@@ -82,6 +82,15 @@ fn an_object_is_cut_at_its_size_and_ties_go_to_the_smaller_key() {
         .map(|c| (c.key.clone(), c.start, c.end))
         .collect();
     assert_eq!(runs, vec![(key("s1"), 0, 500), (key("s2"), 0, 200)]);
+    let planned: usize = p
+        .bytes
+        .iter()
+        .map(|b| match b {
+            Piece::Hot(b) => b.len(),
+            Piece::Cold { .. } => panic!("a planned piece is cold"),
+        })
+        .sum();
+    assert_eq!(planned, 700);
 }
 
 proptest! {
@@ -117,8 +126,18 @@ proptest! {
         // An object takes as much as it may: all that is eligible, or its size.
         let total: u64 = p.picked.iter().map(|c| c.end - c.start).sum();
         prop_assert_eq!(total, eligible.min(max_bytes));
-        // Streams in order of hot bytes, most first; no skipped eligible stream holds more
-        // than the last one picked.
+        // The planned bytes are exactly the picked ranges' (each range's own bytes are
+        // checked against the plan below).
+        let mut planned = Vec::new();
+        for b in &p.bytes {
+            match b {
+                Piece::Hot(b) => planned.extend_from_slice(b),
+                Piece::Cold { .. } => prop_assert!(false, "a planned piece is cold"),
+            }
+        }
+        let mut want = Vec::new();
+        // When not all fit: streams in order of hot bytes, most first, and no skipped
+        // eligible stream holds more than the last one picked.
         let mut order: Vec<(ursula_core::StreamKey, u64)> = Vec::new();
         for c in &p.picked {
             if order.last().is_none_or(|(k, _)| *k != c.key) {
@@ -128,13 +147,21 @@ proptest! {
             prop_assert_eq!(c.incarnation, s.incarnation);
             let mut plan = Vec::new();
             prop_assert!(s.plan_own(c.start, c.end, &mut plan));
-            prop_assert!(plan.iter().all(|p| matches!(p, Piece::Hot(_))), "a picked range is hot");
+            for piece in plan {
+                match piece {
+                    Piece::Hot(b) => want.extend_from_slice(&b),
+                    Piece::Cold { .. } => prop_assert!(false, "a picked range is cold"),
+                }
+            }
         }
-        prop_assert!(order.windows(2).all(|w| w[0].1 >= w[1].1));
+        prop_assert!(planned == want, "the planned bytes are not the picked ranges'");
         if only_large {
             prop_assert!(order.iter().all(|(_, n)| *n >= min_run));
         }
-        if let Some((_, last)) = order.last() {
+        if eligible > max_bytes {
+            prop_assert!(order.windows(2).all(|w| w[0].1 >= w[1].1));
+        }
+        if let Some((_, last)) = order.last().filter(|_| eligible > max_bytes) {
             let picked: Vec<_> = order.iter().map(|(k, _)| k).collect();
             for (k, n) in &hot {
                 if !picked.contains(&k) && (!only_large || *n >= min_run) {

@@ -35,26 +35,16 @@ impl Tiering {
             }
         };
         let planned = app.with_group(group, |g| {
-            let FlushPick { hot, picked, .. } = g.pick_flush(&rule);
+            let FlushPick {
+                hot, picked, bytes, ..
+            } = g.pick_flush(&rule);
             self.note_hot(group, hot);
             if picked.is_empty() {
                 return None;
             }
-            let mut pieces = Vec::with_capacity(picked.len());
-            for c in &picked {
-                let mut p = Vec::new();
-                let held = g
-                    .streams
-                    .get(&c.key)
-                    .is_some_and(|s| s.plan_own(c.start, c.end, &mut p));
-                if !held {
-                    return None;
-                }
-                pieces.push(p);
-            }
-            Some((g.cold.next_object, g.cold.namespace, picked, pieces))
+            Some((g.cold.next_object, g.cold.namespace, picked, bytes))
         });
-        let Some((mut next, namespace, picked, pieces)) = planned else {
+        let Some((mut next, namespace, picked, bytes)) = planned else {
             return 0;
         };
         // The namespace is committed before any object is written under it, so every object
@@ -71,22 +61,28 @@ impl Tiering {
         };
         let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
         let mut body = chunk_object::ChunkWriter::new(total);
-        let mut slices = Vec::with_capacity(picked.len());
-        for (c, plan) in picked.into_iter().zip(pieces) {
-            let pos = body.written();
-            for p in plan {
-                if let Piece::Hot(b) = p {
-                    body.write(&b);
-                }
+        for p in &bytes {
+            if let Piece::Hot(b) = p {
+                body.write(b);
             }
-            slices.push(FlushSlice {
-                key: c.key,
-                incarnation: c.incarnation,
-                start: c.start,
-                end: c.end,
-                pos,
-            });
         }
+        drop(bytes);
+        // The slices lie in the object in the order they were picked.
+        let mut pos = 0;
+        let slices: Vec<FlushSlice> = picked
+            .into_iter()
+            .map(|c| {
+                let slice = FlushSlice {
+                    key: c.key,
+                    incarnation: c.incarnation,
+                    start: c.start,
+                    end: c.end,
+                    pos,
+                };
+                pos += c.end - c.start;
+                slice
+            })
+            .collect();
         let Some(object) = body.finish() else {
             tracing::error!(group, "flush object length mismatch");
             return 0;
