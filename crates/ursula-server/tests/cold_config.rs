@@ -194,17 +194,10 @@ fn a_default_node_flushes_from_one_mib() {
 /// `flush_pressure_hot_size`, so many small groups cannot hold unbounded memory together.
 #[test]
 fn hot_pressure_flushes_undersized_groups() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = tmp.path().join("ursula.toml");
-    std::fs::write(
-        &cfg,
+    let s = Server::start_with_config(
         "[storage.cold]\nflush_size = \"4MiB\"\nflush_pressure_hot_size = \"256KiB\"\n\
          flush_interval = \"50ms\"\n",
-    )
-    .unwrap();
-    let s = Server::start_in_with_args(
-        &tmp.path().join("data"),
-        &["--config", cfg.to_str().unwrap(), "--group-count", "4"],
+        &["--group-count", "4"],
     );
     let chunk = vec![7u8; 32 * 1024];
     for i in 0..16 {
@@ -263,17 +256,10 @@ fn an_unreachable_s3_store_does_not_keep_the_node_down() {
 /// `flush_any_hot_size`, then go too until it holds less (docs/configuration.md).
 #[test]
 fn small_tails_stay_hot_until_the_group_holds_flush_any_hot_size() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = tmp.path().join("ursula.toml");
-    std::fs::write(
-        &cfg,
+    let s = Server::start_with_config(
         "[storage.cold]\nflush_size = \"256KiB\"\nflush_min_run = \"16KiB\"\n\
          flush_any_hot_size = \"512KiB\"\nflush_interval = \"50ms\"\n",
-    )
-    .unwrap();
-    let s = Server::start_in_with_args(
-        &tmp.path().join("data"),
-        &["--config", cfg.to_str().unwrap(), "--group-count", "1"],
+        &["--group-count", "1"],
     );
     let metric = |n: &str| s.metrics()[n].as_u64().unwrap_or(0);
     let tail = |i: u32| vec![i as u8; 4 * 1024];

@@ -99,6 +99,21 @@ impl Server {
         s
     }
 
+    /// Like [`Server::start_with_args`], with `toml` as its config file (`--config`).
+    pub fn start_with_config(toml: &str, args: &[&str]) -> Server {
+        let tmp = tempfile::Builder::new()
+            .prefix("ursula-test-")
+            .tempdir()
+            .expect("create temp dir");
+        let cfg = tmp.path().join("ursula.toml");
+        std::fs::write(&cfg, toml).expect("write the config file");
+        let mut all = vec!["--config", cfg.to_str().expect("a UTF-8 temp path")];
+        all.extend_from_slice(args);
+        let mut s = Self::spawn(&tmp.path().join("data"), &all);
+        s._tmp = Some(tmp);
+        s
+    }
+
     /// Starts a server on an existing (or to be created) data directory, which it does
     /// not remove.
     pub fn start_in(dir: &Path) -> Server {
