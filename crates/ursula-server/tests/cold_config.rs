@@ -284,23 +284,24 @@ fn small_tails_stay_hot_until_the_group_holds_flush_any_hot_size() {
             .status,
         204
     );
-    assert!(
-        wait_until(Duration::from_secs(20), || metric("cold_bytes")
-            >= 256 * 1024),
-        "the large stream did not flush: {}",
-        s.metrics()
+    // Waits until `cold` bytes were flushed, then expects `hot` bytes left in memory.
+    let settles = |cold: u64, hot: u64, what: &str| {
+        assert!(
+            wait_until(Duration::from_secs(20), || metric("cold_bytes") >= cold),
+            "{what}: {}",
+            s.metrics()
+        );
+        assert_eq!(metric("hot_bytes"), hot, "{what}: {}", s.metrics());
+    };
+    settles(
+        256 * 1024,
+        256 * 1024,
+        "the large stream goes, the tails stay",
     );
-    assert_eq!(metric("hot_bytes"), 256 * 1024, "{}", s.metrics());
-    // Another 256 KiB of tails takes the group to `flush_any_hot_size`: tails go, largest
-    // (then smallest key) first, one object at a time, until the group holds less.
+    // Another 256 KiB of tails takes the group to `flush_any_hot_size`: tails go, one object
+    // at a time, until the group holds less.
     fill(64..128);
-    assert!(
-        wait_until(Duration::from_secs(20), || metric("cold_bytes")
-            >= 512 * 1024),
-        "the tails did not flush at flush_any_hot_size: {}",
-        s.metrics()
-    );
-    assert_eq!(metric("hot_bytes"), 256 * 1024, "{}", s.metrics());
+    settles(512 * 1024, 256 * 1024, "tails flush at flush_any_hot_size");
     for i in [0, 63, 127] {
         let (got, _) = s.read_all(&format!("/tails/s{i}"));
         assert!(got == tail(i), "tail {i} differs after its flush");
