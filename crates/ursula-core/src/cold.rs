@@ -7,7 +7,7 @@
 //! and a restart cost grows with the hot bytes and the metadata, not with the data held.
 //!
 //! The flow, every step a replicated command so that every replica agrees:
-//! 1. the group's leader picks hot ranges ([`GroupState::flush_candidates`]), packs their bytes
+//! 1. the group's leader picks hot ranges ([`GroupState::pick_flush`]), packs their bytes
 //!    into one object and uploads it (outside this crate, with a conditional create);
 //! 2. it proposes [`FlushReq`]; applying it turns each still-hot range into a chunk
 //!    reference and releases the hot bytes ([`GroupState::apply_flush`]);
@@ -366,12 +366,6 @@ impl crate::group::GroupState {
     /// Hot bytes over all streams of the group.
     pub fn hot_bytes(&self) -> u64 {
         self.streams.values().map(StreamState::hot_len).sum()
-    }
-
-    /// Picks hot ranges for one flush object of at most `max_bytes`, any stream eligible
-    /// ([`FlushRule::any`]).
-    pub fn flush_candidates(&self, max_bytes: u64) -> Vec<FlushCandidate> {
-        self.pick_flush(&FlushRule::any(max_bytes)).picked
     }
 
     /// One walk over the group's streams for a flush (cluster.md §6.2): counts the hot

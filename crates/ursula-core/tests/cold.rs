@@ -10,7 +10,7 @@ mod cold_world;
 
 use cold_world::{NAMES, World, key};
 use proptest::prelude::*;
-use ursula_core::cold::{FlushReq, FlushSlice, ObjectId};
+use ursula_core::cold::{FlushReq, FlushRule, FlushSlice, ObjectId};
 use ursula_core::{GroupState, Op};
 
 #[derive(Debug, Clone)]
@@ -73,7 +73,7 @@ proptest! {
 fn a_stale_flush_publishes_nothing_and_its_object_is_collected() {
     let mut w = World::new();
     w.append("a", 100);
-    let c = w.g.flush_candidates(1 << 20);
+    let c = w.g.pick_flush(&FlushRule::any(1 << 20)).picked;
     assert_eq!(c.len(), 1);
     // Retention drops every byte before the flush commits.
     w.retain("a", 255);
@@ -100,7 +100,7 @@ fn a_stale_flush_publishes_nothing_and_its_object_is_collected() {
 fn a_flush_after_partial_retention_references_only_what_is_left() {
     let mut w = World::new();
     w.append("a", 100);
-    let c = w.g.flush_candidates(1 << 20);
+    let c = w.g.pick_flush(&FlushRule::any(1 << 20)).picked;
     w.retain("a", 128); // retains from offset 50
     let held = w.g.streams[&key("a")].data_start;
     assert!(held > 0 && held < 100);
@@ -131,7 +131,7 @@ fn candidates_prefer_the_largest_hot_ranges_and_respect_the_size() {
     w.append("a", 10);
     w.append("b", 1000);
     w.append("c", 100);
-    let c = w.g.flush_candidates(1050);
+    let c = w.g.pick_flush(&FlushRule::any(1050)).picked;
     let names: Vec<(&str, u64)> = c
         .iter()
         .map(|c| (c.key.stream(), c.end - c.start))
@@ -283,7 +283,7 @@ fn json_external_payloads_keep_records_and_flush_around_them() {
     assert_eq!((s.tail, s.record_next(), s.hot_len()), (19, 5, 10));
     assert_eq!(s.ends, vec![8, 10, 13, 17, 19]);
     // The flush takes the two hot runs, never the external bytes.
-    let c = g.flush_candidates(1 << 20);
+    let c = g.pick_flush(&FlushRule::any(1 << 20)).picked;
     let runs: Vec<(u64, u64)> = c.iter().map(|c| (c.start, c.end)).collect();
     assert_eq!(runs, vec![(0, 8), (17, 19)]);
     // Retention at record 2 (offset 10, inside the external payload).

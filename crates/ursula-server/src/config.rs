@@ -329,7 +329,8 @@ impl Config {
     /// The cold-health gate's hot-backlog marks against the flush settings (spec §7.11), when
     /// the gate runs (a node with peers): a high mark at or below the flush threshold would
     /// call every healthy group behind, one at or above the per-group cap could never be
-    /// reached (writes are refused first).
+    /// reached (writes are refused first), and a group must flush its tiny streams
+    /// (`flush_any_hot_size`) below the high mark.
     fn validate_cold_watermarks(&self) -> anyhow::Result<()> {
         let h = &self.governance.cold_health;
         if !self.has_peers() || h.interval.is_zero() {
@@ -346,6 +347,14 @@ impl Config {
             "governance.cold_health.hot_size_high ({high}) must be above \
              storage.cold.flush_min_hot_size ({})",
             c.flush_min_hot_size()
+        );
+        // Unset, the size is derived at most at the low mark; set, it must stay below the high
+        // one, or a group of tiny streams would hold a backlog without ever flushing.
+        anyhow::ensure!(
+            high > self.flush_any_hot_size(),
+            "governance.cold_health.hot_size_high ({high}) must be above \
+             storage.cold.flush_any_hot_size ({})",
+            self.flush_any_hot_size()
         );
         anyhow::ensure!(
             c.max_hot_size_per_group == 0 || high < c.max_hot_size_per_group,
@@ -545,6 +554,19 @@ mod tests {
             let err = cluster(extra).validate().unwrap_err().to_string();
             assert!(err.contains(names), "{extra}: {err}");
         }
+        // A set `flush_any_hot_size` must stay below the high mark (48 MiB by default)...
+        let err = with("flush_any_hot_size = \"48MiB\"\n", "")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("flush_any_hot_size"), "{err}");
+        // ...and an unset one follows lowered marks down to the low mark.
+        let low = cluster(
+            "[governance.cold_health]\nhot_size_high = \"12MiB\"\nhot_size_low = \"10MiB\"\n",
+        );
+        low.validate().expect("lowered marks");
+        assert_eq!(low.tiering().flush_any_hot_size, 10 << 20);
+        assert_eq!(cluster("").tiering().flush_any_hot_size, 16 << 20);
         // A single node runs no gate: its marks are not checked.
         let single: Config =
             toml::from_str("[governance.cold_health]\nhot_size_high = \"1MiB\"\n").expect("parse");

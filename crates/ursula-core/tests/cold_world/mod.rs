@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
-use ursula_core::cold::{FlushReq, FlushSlice, ObjectId, Piece};
+use ursula_core::cold::{FlushReq, FlushRule, FlushSlice, ObjectId, Piece};
 use ursula_core::command::*;
 use ursula_core::snapshot::Digest;
 use ursula_core::{Command, GroupState, Op, Reply, Response, StreamKey};
@@ -199,7 +199,7 @@ impl World {
 
     /// What a leader does: pick ranges, upload their bytes as one object, propose the flush.
     pub fn flush(&mut self, max: u64, repeat: bool) {
-        let picked = self.g.flush_candidates(max);
+        let picked = self.g.pick_flush(&FlushRule::any(max)).picked;
         if picked.is_empty() {
             return;
         }

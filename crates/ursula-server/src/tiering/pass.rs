@@ -1,9 +1,10 @@
-//! One flush tick of the cold tier (cluster.md §6.2): every group this node leads whose
-//! streams with runs of at least `flush_min_run` hot bytes hold `flush_min_hot_size` together
-//! flushes them, and one holding `flush_any_hot_size` flushes any stream
-//! (`GroupState::pick_flush`), at most `flush_max_concurrency` uploads at once; then, while the led groups' hot bytes add up to more than
-//! `flush_pressure_hot_size`, the groups holding the most flush whatever they hold. A group
-//! is probed once per leadership for an orphan at its next object id.
+//! One flush tick of the cold tier (cluster.md §6.2): every group this node leads flushes
+//! as `GroupState::pick_flush` rules (its streams with runs of at least `flush_min_run` hot
+//! bytes once they hold `flush_min_hot_size` together; any stream once the group holds
+//! `flush_any_hot_size`), at most `flush_max_concurrency` uploads at once; then, while the led
+//! groups' hot bytes add up to more than `flush_pressure_hot_size`, the groups holding the
+//! most flush whatever they hold. A group is probed once per leadership for an orphan at its
+//! next object id.
 
 use super::Tiering;
 use crate::app::App;
