@@ -79,6 +79,8 @@ pub async fn run<H, F>(
     }
     tracing::info!("shutting down: no new connections; finishing in-flight requests");
     let _ = app.shutdown.send(true);
+    // Live readers (long-polls, SSE) wait on their stream's watch alone: this wakes them.
+    app.watchers.stop_all();
     if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
         .await
         .is_err()

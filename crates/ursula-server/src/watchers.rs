@@ -9,7 +9,7 @@
 //! stream: a waiting reader is registered with one sender only.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -54,6 +54,8 @@ struct Shard {
 /// Registry of live readers by stream, one shard per Raft group.
 pub struct Watchers {
     shards: Vec<Shard>,
+    /// Set once by [`Watchers::stop_all`]: the node is shutting down.
+    stopping: AtomicBool,
 }
 
 impl Watchers {
@@ -65,7 +67,22 @@ impl Watchers {
                     streams: Mutex::new(HashMap::new()),
                 })
                 .collect(),
+            stopping: AtomicBool::new(false),
         })
+    }
+
+    /// Ends every wait: marks the registry as stopping and wakes every watched stream, so
+    /// that each live reader sees [`StreamWatch::stopping`] and answers now. A reader that
+    /// registers afterwards sees the mark before it waits (it is set before any shard is
+    /// locked here, and registration takes the shard lock). Readers need no second wake-up
+    /// source for shutdown, so a delivery registers one waker, not two.
+    pub fn stop_all(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for shard in &self.shards {
+            Self::lock(shard)
+                .values()
+                .for_each(|e| e.tx.send_modify(|n| *n = n.wrapping_add(1)));
+        }
     }
 
     fn shard(&self, group: u32) -> Option<&Shard> {
@@ -176,6 +193,12 @@ impl StreamWatch {
         }
     }
 
+    /// Whether the node is shutting down ([`Watchers::stop_all`]): the reader should answer
+    /// now instead of waiting. Check it before each wait and after each wake-up.
+    pub fn stopping(&self) -> bool {
+        self.watchers.stopping.load(Ordering::SeqCst)
+    }
+
     /// The frame another reader of this stream rendered for `tag`, with the offset it ends
     /// at, if it is the last one rendered.
     pub fn rendered(&self, tag: &FrameTag) -> Option<(u64, Bytes)> {
@@ -235,6 +258,21 @@ mod tests {
         tokio::time::timeout(Duration::from_millis(50), w.changed())
             .await
             .is_ok()
+    }
+
+    #[tokio::test]
+    async fn stop_all_wakes_every_reader_and_marks_later_ones() {
+        let ws = Watchers::new(2);
+        let mut wa = ws.watch(0, &key("a"));
+        let mut wb = ws.watch(1, &key("b"));
+        assert!(!wa.stopping());
+        ws.stop_all();
+        assert!(fires(&mut wa).await);
+        assert!(fires(&mut wb).await);
+        assert!(wa.stopping() && wb.stopping());
+        // A reader registered afterwards is not woken, but sees the mark before it waits.
+        let late = ws.watch(0, &key("c"));
+        assert!(late.stopping());
     }
 
     #[tokio::test]

@@ -1342,6 +1342,45 @@ fn acknowledged_writes_survive_sigterm() {
     assert_eq!(s.read_all("/durable/plain").0, b"alpha\nbeta\np0\np1\np2\n");
 }
 
+/// Live readers end at shutdown instead of holding the drain: a waiting long-poll answers as
+/// a timeout would (`204`, up to date), and an SSE response ends after its last control event.
+#[test]
+fn live_readers_end_at_sigterm() {
+    let mut s = Server::start();
+    let p = "/shut/live";
+    assert_status(&s.put(p, "text/plain", b"abc"), 201);
+    let mut sse = SseStream::open(s.addr(), &format!("{p}?offset=-1&live=sse")).expect("open SSE");
+    assert_eq!(next_event(&mut sse, "data").data, "abc");
+    assert_eq!(next_event(&mut sse, "control").control()["upToDate"], true);
+    let poll = long_poll_in_thread(
+        s.addr(),
+        format!("{p}?offset=3&live=long-poll&timeout_ms=60000"),
+    );
+    wait_for_waiter(&s);
+    let t0 = Instant::now();
+    let st = s.terminate();
+    let took = t0.elapsed();
+    assert!(st.success(), "exit status {st}; log:\n{}", s.log_tail(40));
+    // The drain waits up to 20 s for requests in flight; live readers must not be among them.
+    assert!(
+        took < Duration::from_secs(10),
+        "shutdown took {took:?} with live readers"
+    );
+    let (r, waited) = poll.join().expect("long-poll thread");
+    assert_status(&r, 204);
+    assert_eq!(r.header("stream-up-to-date"), Some("true"));
+    assert!(
+        waited < Duration::from_secs(30),
+        "long-poll answered after {waited:?}"
+    );
+    let end = sse.next_event(Instant::now() + Duration::from_secs(10));
+    assert!(
+        matches!(end, Ok(None)),
+        "SSE did not end at shutdown: {end:?}; raw {:?}",
+        String::from_utf8_lossy(&sse.raw)
+    );
+}
+
 /// SIGTERM drains the requests in flight; a second signal exits at once (cluster.md §15),
 /// and what was acknowledged is still there.
 #[test]

@@ -35,10 +35,9 @@ where
             .unwrap_or(app.cfg.long_poll_timeout_ms)
             .clamp(1, 60_000),
     );
-    let mut deadline = tokio::time::Instant::now() + timeout;
+    let deadline = tokio::time::Instant::now() + timeout;
     check_waiter_capacity(app)?;
     let _waiter = crate::metrics::Gauge::new(&app.metrics.live_waiters);
-    let mut stop = app.shutdown.subscribe();
     // Register before looking again, so no commit can slip between look and wait.
     let mut watch = app.watchers.watch(app.group_of(key), key);
     let mut v = read::view(app, key, app.now_ms())?;
@@ -56,7 +55,8 @@ where
         if v.closed {
             return Ok(empty(&v, None));
         }
-        if tokio::time::Instant::now() >= deadline {
+        // Shutting down: answer now, as a timeout would.
+        if watch.stopping() || tokio::time::Instant::now() >= deadline {
             let c = cursor(v.tail, echoed.filter(|c| !c.is_empty()));
             return Ok(empty(&v, Some(c)));
         }
@@ -66,11 +66,10 @@ where
             .ttl_s
             .map(|t| Duration::from_millis(t.saturating_mul(1000).div_ceil(4)));
         let wake_at = quarter.map_or(deadline, |q| deadline.min(tokio::time::Instant::now() + q));
+        // A shutdown wakes the watch too (`Watchers::stop_all`).
         tokio::select! {
             () = watch.changed() => inc(&app.metrics.live_wakeups, 1),
             _ = tokio::time::sleep_until(wake_at) => {}
-            // Shutting down: answer now, as a timeout would.
-            _ = stop.changed() => deadline = tokio::time::Instant::now(),
         }
         v = read::view(app, key, app.now_ms())?;
         touch_if_due(app, key, &v).await;

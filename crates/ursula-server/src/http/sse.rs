@@ -174,10 +174,8 @@ struct Live {
     /// number); the next one is minted from it (protocol.md §10.7).
     cursor: Option<u64>,
     enc: Encoding,
+    /// Wakes on commits to the stream and on shutdown ([`StreamWatch::stopping`]).
     watch: StreamWatch,
-    /// The control event that follows a data frame shared with other readers.
-    pending: Option<Bytes>,
-    stop: tokio::sync::watch::Receiver<bool>,
     /// Renews the TTL every quarter window while connected, and keeps the line warm.
     ticker: Interval,
     /// How far apart the ticker's ticks are.
@@ -230,9 +228,7 @@ impl Live {
             batch,
             cursor: cursor_echo.and_then(|c| c.parse::<u64>().ok()),
             enc,
-            pending: None,
             watch,
-            stop: app.shutdown.subscribe(),
             ticker: tokio::time::interval_at(now + tick, tick),
             first: true,
             done: false,
@@ -245,29 +241,13 @@ impl Live {
 
     /// The next frame of the response, or `None` once it has ended.
     async fn next(&mut self) -> Option<Bytes> {
-        if let Some(control) = self.pending.take() {
-            return Some(control);
-        }
         if self.done {
             return None;
         }
         match self.step().await {
             Some(frame) => {
                 self.idle_ticks = 0;
-                // A data event goes out with its control event in one chunk: a proxy that
-                // forwards chunk by chunk would otherwise let a client see a data event whose
-                // text contains `event: control` before the real control event (the
-                // conformance suite's injection tests read until that text). The data event's
-                // rendering is still shared; only its bytes are copied here.
-                match self.pending.take() {
-                    Some(control) => {
-                        let mut both = Vec::with_capacity(frame.len() + control.len());
-                        both.extend_from_slice(&frame);
-                        both.extend_from_slice(&control);
-                        Some(both.into())
-                    }
-                    None => Some(frame),
-                }
+                Some(frame)
             }
             None => {
                 self.done = true;
@@ -374,13 +354,19 @@ impl Live {
     /// renewing its TTL on the ticker's schedule, which holds across wake-ups.
     async fn wait(&mut self) -> Woke {
         loop {
+            // A shutdown wakes the watch too (`Watchers::stop_all`), so one waker per wait.
+            if self.watch.stopping() {
+                return Woke::Stop;
+            }
             tokio::select! {
                 () = self.watch.changed() => inc(&self.app.metrics.live_wakeups, 1),
                 _ = self.ticker.tick() => {
                     self.ticks = self.ticks.saturating_add(1);
                     self.idle_ticks = self.idle_ticks.saturating_add(1);
                 }
-                _ = self.stop.changed() => return Woke::Stop,
+            }
+            if self.watch.stopping() {
+                return Woke::Stop;
             }
             match look(&self.app, &self.target.key) {
                 Ok(t) if t.incarnation == self.incarnation && t.tail == self.pos && !t.closed => {
@@ -400,9 +386,13 @@ impl Live {
         }
     }
 
-    /// One data event (at most `batch` bytes from `pos`), returned, and its control event,
-    /// left in `pending`. The data event is shared: readers of the stream at the same
-    /// position after the same commit send the bytes the first of them rendered.
+    /// One data event (at most `batch` bytes from `pos`) followed by its control event, in one
+    /// chunk: a proxy that forwards chunk by chunk would otherwise let a client see a data
+    /// event whose text contains `event: control` before the real control event (the
+    /// conformance suite's injection tests read until that text). The data event is shared:
+    /// readers of the stream at the same position after the same commit send the bytes the
+    /// first of them rendered, copied once here into the chunk that ends with their own
+    /// control event.
     async fn data_frame(&mut self, t: Tail) -> Result<Bytes, ApiError> {
         let tag = FrameTag {
             incarnation: t.incarnation,
@@ -427,14 +417,14 @@ impl Live {
         inc(&self.app.metrics.read_bytes, end - self.pos);
         let at_tail = end == t.tail;
         let closed = at_tail && t.closed;
-        let mut control = Vec::with_capacity(160);
-        self.control(&mut control, end, None, at_tail, closed);
-        self.pending = Some(control.into());
+        let mut chunk = Vec::with_capacity(data.len() + 160);
+        chunk.extend_from_slice(&data);
+        self.control(&mut chunk, end, None, at_tail, closed);
         self.pos = end;
         self.first = false;
         self.done = closed || (at_tail && self.expired());
         self.at_tail = at_tail && !self.done;
-        Ok(data)
+        Ok(chunk.into())
     }
 
     /// Reads and renders the data event from `pos`; returns the offset it ends at.
