@@ -26,6 +26,8 @@ pub struct FrameTag {
     /// The reader's window bound and encoding (opaque to the registry).
     pub batch: u64,
     pub encoding: u8,
+    /// Whether the stream was closed at that tail (its last control event says so).
+    pub closed: bool,
 }
 
 /// The last window rendered for a stream's live readers: the end offset it reached and its
@@ -35,6 +37,9 @@ struct Frame {
     tag: FrameTag,
     end: u64,
     bytes: Bytes,
+    /// The same window followed by the control event that every reader whose cursor is
+    /// behind `end` sends with it (see [`StreamWatch::keep_chunk`]), once one reader made it.
+    chunk: Option<Bytes>,
 }
 
 /// One watched stream: its change counter and its last rendered frame.
@@ -211,7 +216,30 @@ impl StreamWatch {
     /// Keeps `bytes` (ending at offset `end`) as the frame for `tag`, for the other readers.
     pub fn keep_rendered(&self, tag: FrameTag, end: u64, bytes: Bytes) {
         if let Some(e) = &self.entry {
-            *Self::slot(e) = Some(Frame { tag, end, bytes });
+            *Self::slot(e) = Some(Frame {
+                tag,
+                end,
+                bytes,
+                chunk: None,
+            });
+        }
+    }
+
+    /// The whole chunk kept for `tag` by [`Self::keep_chunk`], with the offset it ends at.
+    pub fn rendered_chunk(&self, tag: &FrameTag) -> Option<(u64, Bytes)> {
+        let slot = Self::slot(self.entry.as_ref()?);
+        let f = slot.as_ref().filter(|f| f.tag == *tag)?;
+        Some((f.end, f.chunk.clone()?))
+    }
+
+    /// Keeps `chunk`, the frame kept for `tag` followed by the control event that any reader
+    /// whose cursor is behind the frame's end sends with it, so that such readers send it as
+    /// it is. Ignored unless the frame kept now is the one for `tag`.
+    pub fn keep_chunk(&self, tag: &FrameTag, chunk: Bytes) {
+        if let Some(e) = &self.entry
+            && let Some(f) = Self::slot(e).as_mut().filter(|f| f.tag == *tag)
+        {
+            f.chunk = Some(chunk);
         }
     }
 
@@ -306,10 +334,33 @@ mod tests {
             tail: 5,
             batch: 64,
             encoding: 0,
+            closed: false,
         };
         assert!(r2.rendered(&tag).is_none());
         r1.keep_rendered(tag, 5, Bytes::from_static(b"hello"));
         assert_eq!(r2.rendered(&tag), Some((5, Bytes::from_static(b"hello"))));
+        // The chunk with its control event comes once one reader kept it, for that tag only.
+        assert!(r2.rendered_chunk(&tag).is_none());
+        r2.keep_chunk(
+            &FrameTag {
+                closed: true,
+                ..tag
+            },
+            Bytes::from_static(b"x"),
+        );
+        assert!(r1.rendered_chunk(&tag).is_none());
+        r2.keep_chunk(&tag, Bytes::from_static(b"hello+control"));
+        assert_eq!(
+            r1.rendered_chunk(&tag),
+            Some((5, Bytes::from_static(b"hello+control")))
+        );
+        assert!(
+            r1.rendered_chunk(&FrameTag {
+                closed: true,
+                ..tag
+            })
+            .is_none()
+        );
         // Another stream, another window, another tail: nothing to share.
         assert!(other.rendered(&tag).is_none());
         assert!(r2.rendered(&FrameTag { tail: 6, ..tag }).is_none());
@@ -325,6 +376,10 @@ mod tests {
             Bytes::from_static(b"more"),
         );
         assert!(r1.rendered(&tag).is_none());
+        assert!(
+            r1.rendered_chunk(&tag).is_none(),
+            "a new frame drops the old chunk"
+        );
         let late = ws.watch(0, &a);
         assert_eq!(
             late.rendered(&FrameTag {

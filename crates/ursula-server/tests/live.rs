@@ -281,9 +281,23 @@ fn sse_readers_of_one_stream_each_get_their_own_windows_and_cursors() {
             204
         );
         sent.push_str(word);
-        // Each commit reaches every follower of the tail as one data event.
+        // Each commit reaches every follower of the tail as one data event, followed by a
+        // control event whose cursor is the new tail (the chunk they may share).
         for r in &mut plain {
             assert_eq!(collect_sse(r, word.len()).0, word);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let ev = r
+                .next_event(deadline)
+                .expect("read")
+                .expect("control event");
+            let c = ev.control();
+            assert_eq!(
+                c["streamNextOffset"],
+                common::off20(sent.len() as u64),
+                "{c}"
+            );
+            assert_eq!(c["streamCursor"], common::off20(sent.len() as u64), "{c}");
+            assert_eq!(c["upToDate"], true, "{c}");
         }
     }
     // A late reader from the start takes the catch-up path, not the shared frame.

@@ -389,10 +389,13 @@ impl Live {
     /// One data event (at most `batch` bytes from `pos`) followed by its control event, in one
     /// chunk: a proxy that forwards chunk by chunk would otherwise let a client see a data
     /// event whose text contains `event: control` before the real control event (the
-    /// conformance suite's injection tests read until that text). The data event is shared:
-    /// readers of the stream at the same position after the same commit send the bytes the
-    /// first of them rendered, copied once here into the chunk that ends with their own
-    /// control event.
+    /// conformance suite's injection tests read until that text).
+    ///
+    /// Readers of a stream that sit at the same position after the same commit share the
+    /// work: the first renders the data event and keeps it beside the stream's watch; the
+    /// first whose control event is the usual one (its cursor is behind the new end, so the
+    /// next cursor is that end) keeps the whole chunk too, and every such reader after it
+    /// sends that chunk as it is, with nothing rendered, allocated or copied.
     async fn data_frame(&mut self, t: Tail) -> Result<Bytes, ApiError> {
         let tag = FrameTag {
             incarnation: t.incarnation,
@@ -400,31 +403,57 @@ impl Live {
             tail: t.tail,
             batch: self.batch,
             encoding: self.enc as u8,
+            closed: t.closed,
         };
-        let (end, data) = match self.watch.rendered(&tag) {
-            Some(shared) => shared,
+        // Whether this reader's control event after `end` is the one every reader sends.
+        let usual = |cursor: Option<u64>, end: u64| {
+            (end == t.tail && t.closed) || cursor.is_none_or(|c| c < end)
+        };
+        if let Some((end, chunk)) = self.watch.rendered_chunk(&tag)
+            && usual(self.cursor, end)
+        {
+            let closed = end == t.tail && t.closed;
+            self.cursor = (!closed).then_some(end);
+            self.advance(end, t);
+            return Ok(chunk);
+        }
+        let (end, data, kept) = match self.watch.rendered(&tag) {
+            Some((end, data)) => (end, data, true),
             None => {
                 let (end, data) = self.render_data(t).await?;
                 // Only a window that reaches the tail is kept (the one its followers ask
                 // for next), and only up to 64 KiB: a stream's slot never pins a large
                 // catch-up window.
-                if end == t.tail && data.len() <= SHARED_FRAME_MAX {
+                let keep = end == t.tail && data.len() <= SHARED_FRAME_MAX;
+                if keep {
                     self.watch.keep_rendered(tag, end, data.clone());
                 }
-                (end, data)
+                (end, data, keep)
             }
         };
+        let at_tail = end == t.tail;
+        let usual = usual(self.cursor, end);
+        let mut chunk = Vec::with_capacity(data.len() + 160);
+        chunk.extend_from_slice(&data);
+        self.control(&mut chunk, end, None, at_tail, at_tail && t.closed);
+        let chunk = Bytes::from(chunk);
+        if kept && usual {
+            self.watch.keep_chunk(&tag, chunk.clone());
+        }
+        self.advance(end, t);
+        Ok(chunk)
+    }
+
+    /// After a data frame that ends at `end`: the position, and whether the response is at
+    /// the tail or done.
+    fn advance(&mut self, end: u64, t: Tail) {
         inc(&self.app.metrics.read_bytes, end - self.pos);
         let at_tail = end == t.tail;
         let closed = at_tail && t.closed;
-        let mut chunk = Vec::with_capacity(data.len() + 160);
-        chunk.extend_from_slice(&data);
-        self.control(&mut chunk, end, None, at_tail, closed);
         self.pos = end;
         self.first = false;
         self.done = closed || (at_tail && self.expired());
         self.at_tail = at_tail && !self.done;
-        Ok(chunk.into())
     }
 
     /// Reads and renders the data event from `pos`; returns the offset it ends at.
