@@ -136,6 +136,11 @@ pub struct ReadArgs {
     /// The share of the pre-filled bytes --wait-cold waits for.
     #[arg(long, default_value_t = 0.9)]
     pub cold_target: f64,
+    /// Receive bodies through hyper, copying every byte into the generator. By default (on
+    /// Linux) bodies are spliced into /dev/null inside the kernel, so that the generator's
+    /// receive copy does not cap the MB/s measured.
+    #[arg(long)]
+    pub copy_bodies: bool,
     /// Server process whose CPU time is read from /proc over the measured window
     /// (omit: no CPU figures).
     #[arg(long)]

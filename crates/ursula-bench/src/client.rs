@@ -23,6 +23,9 @@ use tokio::net::TcpStream;
 
 use crate::target::Target;
 
+#[cfg(target_os = "linux")]
+pub mod sink;
+
 pub type Body = Full<Bytes>;
 
 pub const STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static("stream-next-offset");
@@ -394,7 +397,7 @@ impl Conn {
     }
 }
 
-fn is_redirect(s: StatusCode) -> bool {
+pub fn is_redirect(s: StatusCode) -> bool {
     s == StatusCode::TEMPORARY_REDIRECT || s == StatusCode::PERMANENT_REDIRECT
 }
 

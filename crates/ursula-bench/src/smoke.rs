@@ -91,9 +91,16 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         warmup,
         wait_cold: Duration::ZERO,
         cold_target: 0.9,
+        copy_bodies: false,
         server_pid: args.server_pid,
     };
     step!("read", read::run(ep.clone(), &r));
+    // The same reads received through hyper, as `--copy-bodies` does.
+    let copied = ReadArgs {
+        copy_bodies: true,
+        ..r.clone()
+    };
+    step!("read (copied)", read::run(ep.clone(), &copied));
     // 48 MiB over 4 streams: past the default node's 8 MiB flush threshold in every group
     // that holds one, so the read waits (bounded) until some of it is cold. A server
     // without tier metrics is read at once.

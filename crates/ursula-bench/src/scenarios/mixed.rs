@@ -106,6 +106,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &MixedArgs) -> Result<MixedReport> {
         warmup: args.warmup,
         wait_cold: Duration::ZERO,
         cold_target: 0.9,
+        copy_bodies: false,
         server_pid: None,
     };
     let f = FanoutArgs {
