@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Syscalls, context switches and CPU per append of one server, counted by `perf stat` on the
-# kernel's syscall tracepoints while ursula-bench appends to it. The server runs on CPU 0 and
+# kernel's syscall tracepoints while ursula-bench appends to it, and the CPU split into user
+# space and kernel (/proc/PID/stat, in clock ticks). The server runs on CPU 0 and
 # the generator on CPU 1 (as in `compare`), on a fresh data dir and a free loopback port.
 # Counts cover the whole run (stream creation included, which is small beside the appends)
 # and are divided by the appends the generator saw answered.
@@ -61,15 +62,19 @@ done
 perf stat -x, -o "$DIR/perf.csv" -e "$EVENTS" -p "$PID" &
 PERF=$!
 sleep 0.5 # perf attaches before the first append
+# utime and stime, fields 14 and 15 (the command name in field 2 has no spaces here).
+read -r U0 S0 < <(awk '{print $14, $15}' "/proc/$PID/stat")
 "${GEN_CPU[@]}" "$BENCH" --url "$URL" --quiet append --streams "$STREAMS" -c "$CONNS" \
   --body-size 128 --duration "${MEASURE}s" --warmup 0s >"$DIR/bench.json"
+read -r U1 S1 < <(awk '{print $14, $15}' "/proc/$PID/stat")
 kill -INT "$PERF"
 wait "$PERF" 2>/dev/null || true
 PERF=
 
-python3 - "$KIND" "$DIR/bench.json" "$DIR/perf.csv" <<'EOF'
+python3 - "$KIND" "$DIR/bench.json" "$DIR/perf.csv" $((U1 - U0)) $((S1 - S0)) "$(getconf CLK_TCK)" <<'EOF'
 import json, sys
 kind, bench, perf = sys.argv[1:4]
+user, system, tck = (int(x) for x in sys.argv[4:7])
 run = json.loads(open(bench).read().strip().splitlines()[-1])
 appends = run["appends"]
 if appends <= 0:
@@ -84,4 +89,6 @@ for line in open(perf):
         print(f"  {'CPU':<18} {value * 1000 / appends:8.1f} us per append")
     else:
         print(f"  {event:<18} {value / appends:8.3f} per append")
+print(f"  {'user space':<18} {user * 1e6 / tck / appends:8.1f} us per append")
+print(f"  {'kernel':<18} {system * 1e6 / tck / appends:8.1f} us per append")
 EOF

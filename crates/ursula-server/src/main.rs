@@ -1,5 +1,6 @@
 //! `ursula`: the durable stream server.
 
+mod allocator;
 mod app;
 mod cluster;
 mod coarse_timer;
@@ -29,9 +30,9 @@ use server_args::ServerArgs;
 use std::path::PathBuf;
 
 /// mimalloc: measurably cheaper than glibc malloc on the request path (see docs/benchmarks.md)
-/// and it returns freed memory to the OS more readily.
+/// and it returns freed memory to the OS more readily; see allocator.rs for how it is called.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: allocator::Mimalloc = allocator::Mimalloc;
 
 #[derive(Parser)]
 #[command(
