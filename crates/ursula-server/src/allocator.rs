@@ -80,7 +80,10 @@ mod tests {
     /// Blocks of every small size and alignment come back aligned, writable and intact
     /// through a growing and a shrinking realloc.
     #[test]
-    #[allow(unsafe_code, reason = "calls the allocator directly, as the global one is called")]
+    #[allow(
+        unsafe_code,
+        reason = "calls the allocator directly, as the global one is called"
+    )]
     fn blocks_are_aligned_and_keep_their_bytes() {
         let a = Mimalloc;
         for align in [1usize, 2, 4, 8, 16, 64, 128, 4096] {
