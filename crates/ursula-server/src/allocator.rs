@@ -1,28 +1,34 @@
-//! The global allocator: mimalloc, asked for a plain block whenever a word's alignment will do.
+//! The global allocator: mimalloc, asked for a plain block whenever one is aligned enough.
 //!
 //! The `mimalloc` crate's allocator passes every allocation to `mi_malloc_aligned`. In
 //! mimalloc 3 that call is fast only while its size class has a free block at hand; when the
 //! class's page is empty it does not refill the page but over-allocates by the alignment from
 //! a larger class, and the next allocation of that size finds the page empty again
 //! (microsoft/mimalloc#889). Callgrind counted a quarter of a durable append's allocations on
-//! that path. Every mimalloc block is aligned to at least a word (block sizes are whole words,
-//! pages start aligned), so an alignment of 8 or less needs no aligned call: such requests go
-//! to `mi_malloc`, whose slow path refills the right page. Larger alignments (tokio's
-//! cache-padded task cells) still take the aligned calls.
+//! that path. mimalloc's plain blocks of 16 bytes or more are 16-aligned, and a smaller one is
+//! aligned at least to the largest power of two not above the size asked (small size classes
+//! are whole double words on 64-bit targets), so, as `std` does for `malloc`, a request whose
+//! alignment is at most 16 and at most its size goes to `mi_malloc`, whose slow path refills
+//! the right page. Others (tokio's cache-padded task cells) take the aligned calls.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
 
 use libmimalloc_sys as mi;
 
-/// What every mimalloc block is aligned to (`MI_INTPTR_SIZE` on 64-bit targets; 4 would do
-/// on 32-bit ones, so 8 there only sends more requests down the aligned path).
-const WORD_ALIGN: usize = 8;
+/// The alignment of every plain mimalloc block of at least this size (`MI_MAX_ALIGN_SIZE`).
+const MAX_PLAIN_ALIGN: usize = 16;
+
+/// Whether a plain block of `layout.size()` bytes is aligned enough for `layout`.
+#[inline]
+fn plain(layout: &Layout) -> bool {
+    layout.align() <= MAX_PLAIN_ALIGN && layout.align() <= layout.size()
+}
 
 pub struct Mimalloc;
 
 // SAFETY: every method forwards to mimalloc, which returns blocks of at least the size asked
-// for, aligned to at least `WORD_ALIGN` (or to the alignment passed to its aligned calls), or
+// for, aligned as `plain` relies on (or to the alignment passed to its aligned calls), or
 // null on failure; `mi_free` and `mi_realloc*` accept any block mimalloc returned.
 #[allow(
     unsafe_code,
@@ -33,7 +39,7 @@ unsafe impl GlobalAlloc for Mimalloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: plain C allocation calls; see the impl's comment.
         unsafe {
-            if layout.align() <= WORD_ALIGN {
+            if plain(&layout) {
                 mi::mi_malloc(layout.size()).cast()
             } else {
                 mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
@@ -45,7 +51,7 @@ unsafe impl GlobalAlloc for Mimalloc {
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.
         unsafe {
-            if layout.align() <= WORD_ALIGN {
+            if plain(&layout) {
                 mi::mi_zalloc(layout.size()).cast()
             } else {
                 mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
@@ -61,10 +67,11 @@ unsafe impl GlobalAlloc for Mimalloc {
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr` came from this allocator with `layout` (GlobalAlloc's contract); the
-        // new block keeps the alignment the old one was asked with.
+        // SAFETY: `ptr` came from this allocator with `layout` (GlobalAlloc's contract), and
+        // any mimalloc block may be passed to either realloc. The new block is a plain one
+        // only when a plain block of the new size is aligned enough as well.
         unsafe {
-            if layout.align() <= WORD_ALIGN {
+            if plain(&layout) && layout.align() <= new_size {
                 mi::mi_realloc(ptr.cast::<c_void>(), new_size).cast()
             } else {
                 mi::mi_realloc_aligned(ptr.cast::<c_void>(), new_size, layout.align()).cast()
@@ -77,8 +84,8 @@ unsafe impl GlobalAlloc for Mimalloc {
 mod tests {
     use super::*;
 
-    /// Blocks of every small size and alignment come back aligned, writable and intact
-    /// through a growing and a shrinking realloc.
+    /// Blocks of every small size and alignment, taken by the plain and the aligned calls,
+    /// come back aligned and writable, and keep their bytes through a growing realloc.
     #[test]
     #[allow(
         unsafe_code,
@@ -91,7 +98,8 @@ mod tests {
                 let Ok(layout) = Layout::from_size_align(size, align) else {
                     continue;
                 };
-                // Enough blocks of one class to empty a page and make mimalloc refill it.
+                // Several hundred blocks per class, so that for the larger classes a page runs
+                // empty and is refilled on the way.
                 let mut blocks = Vec::new();
                 for i in 0..300usize {
                     // SAFETY: a non-zero size; freed below with the same layout.
@@ -105,6 +113,7 @@ mod tests {
                 for (p, byte) in blocks {
                     // SAFETY: `p` was allocated above with `layout`.
                     let q = unsafe { a.realloc(p, layout, size * 3) };
+                    assert!(!q.is_null());
                     assert_eq!(q as usize % align, 0);
                     // SAFETY: the first `size` bytes were kept by realloc.
                     let kept = unsafe { std::slice::from_raw_parts(q, size) };
@@ -115,6 +124,7 @@ mod tests {
                 }
                 // SAFETY: as above; zeroed blocks read as zeros.
                 let z = unsafe { a.alloc_zeroed(layout) };
+                assert!(!z.is_null());
                 assert_eq!(z as usize % align, 0);
                 // SAFETY: `z` holds `size` zeroed bytes.
                 assert!(

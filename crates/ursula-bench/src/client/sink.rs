@@ -44,6 +44,18 @@ enum Framing {
     Close,
 }
 
+/// The server closed the connection before any byte of an answer's head arrived.
+#[derive(Debug)]
+struct ClosedIdle;
+
+impl std::fmt::Display for ClosedIdle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection closed by the server before an answer")
+    }
+}
+
+impl std::error::Error for ClosedIdle {}
+
 pub struct SinkConn {
     ep: Arc<Endpoint>,
     stream: Option<TcpStream>,
@@ -73,15 +85,26 @@ impl SinkConn {
         })
     }
 
-    /// Drop the connection (after an error or a time-out mid-response).
+    /// Drop the connection (after an error or a time-out mid-response), and the pipe, which
+    /// may hold bytes of the abandoned body.
     pub fn reset(&mut self) {
         self.stream = None;
         self.buf.clear();
+        if let Ok((r, w)) = pipe_with(PipeFlags::CLOEXEC) {
+            let _ = fcntl_setpipe_size(&w, PIPE_BYTES);
+            (self.pipe_r, self.pipe_w) = (r, w);
+        }
     }
 
     /// GET `uri` and discard the body: status, headers and the body's length.
     pub async fn get(&mut self, req: Request<Body>) -> Result<(http::response::Parts, u64)> {
-        let r = self.exchange(&req).await;
+        let reused = self.stream.is_some();
+        let mut r = self.exchange(&req).await;
+        // A kept-alive connection the server closed while it was idle: a GET may be sent again.
+        if reused && r.as_ref().is_err_and(|e| e.is::<ClosedIdle>()) {
+            self.reset();
+            r = self.exchange(&req).await;
+        }
         if r.is_err() {
             self.reset();
         }
@@ -122,7 +145,8 @@ impl SinkConn {
         Ok((parts, n))
     }
 
-    /// Read more bytes into `buf` (at most `LINE_READ`); an error at end of stream.
+    /// Read more bytes into `buf` (at most `LINE_READ`); an error at end of stream, which is
+    /// [`ClosedIdle`] when `buf` was empty.
     async fn fill(&mut self) -> Result<()> {
         let stream = self.stream.as_mut().context("not connected")?;
         let len = self.buf.len();
@@ -130,6 +154,9 @@ impl SinkConn {
         let n = stream.read(&mut self.buf[len..]).await;
         self.buf.truncate(len + *n.as_ref().unwrap_or(&0));
         if n? == 0 {
+            if len == 0 {
+                return Err(ClosedIdle.into());
+            }
             bail!("connection closed by the server");
         }
         Ok(())
@@ -152,6 +179,12 @@ impl SinkConn {
                 }
                 self.buf.drain(..len);
                 let (parts, ()) = resp.into_parts();
+                // An interim answer (100 Continue, 103 Early Hints): the final one follows.
+                if parts.status.is_informational()
+                    && parts.status != StatusCode::SWITCHING_PROTOCOLS
+                {
+                    continue;
+                }
                 let framing = framing(&parts)?;
                 return Ok((parts, framing));
             }
@@ -168,12 +201,16 @@ impl SinkConn {
         self.buf.drain(..buffered);
         let mut left = n - buffered as u64;
         while left > 0 {
-            left -= self.splice_some(left).await? as u64;
+            match self.splice_some(left).await? {
+                0 => bail!("connection closed mid-body"),
+                moved => left -= moved as u64,
+            }
         }
         Ok(())
     }
 
-    /// Move up to `max` bytes from the socket to /dev/null; how many moved (at least one).
+    /// Move up to `max` bytes from the socket to /dev/null; how many moved, 0 at end of
+    /// stream.
     async fn splice_some(&mut self, max: u64) -> Result<usize> {
         let stream = self.stream.as_ref().context("not connected")?;
         let want = max.min(PIPE_BYTES as u64) as usize;
@@ -191,7 +228,6 @@ impl SinkConn {
                 .map_err(io::Error::from)
             });
             match r {
-                Ok(0) => bail!("connection closed mid-body"),
                 Ok(m) => break m,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => return Err(e.into()),
@@ -253,9 +289,9 @@ impl SinkConn {
     async fn skip_to_close(&mut self) -> Result<u64> {
         let mut total = std::mem::take(&mut self.buf).len() as u64;
         loop {
-            match self.splice_some(PIPE_BYTES as u64).await {
-                Ok(n) => total += n as u64,
-                Err(_) => return Ok(total),
+            match self.splice_some(PIPE_BYTES as u64).await? {
+                0 => return Ok(total),
+                n => total += n as u64,
             }
         }
     }
@@ -383,6 +419,31 @@ mod tests {
         assert_eq!((parts.status, n), (StatusCode::NO_CONTENT, 0));
         assert_eq!(get(&mut c, &ep).await?.1, 10);
         assert_eq!(*accepted.lock().unwrap(), 1, "one keep-alive connection");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_interim_answer_is_skipped_and_an_idle_close_is_retried_once() -> Result<()> {
+        let mut interim = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
+        interim.extend(with_length(3));
+        let answers = vec![
+            (interim, false),
+            // The server closes the kept-alive connection instead of answering.
+            (Vec::new(), true),
+            (with_length(5), false),
+            (with_length(7), false),
+        ];
+        let (ep, accepted) = scripted(answers).await?;
+        let mut c = SinkConn::new(ep.clone())?;
+        let (parts, n) = get(&mut c, &ep).await?;
+        assert_eq!((parts.status, n), (StatusCode::OK, 3));
+        assert_eq!(
+            get(&mut c, &ep).await?.1,
+            5,
+            "sent again on a new connection"
+        );
+        assert_eq!(get(&mut c, &ep).await?.1, 7);
+        assert_eq!(*accepted.lock().unwrap(), 2);
         Ok(())
     }
 
