@@ -179,6 +179,16 @@ impl Endpoint {
     }
 }
 
+/// A TCP connection to `addr` for requests: bounded by `CONNECT_TIMEOUT`, Nagle off.
+async fn connect_tcp(addr: SocketAddr) -> Result<TcpStream> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .with_context(|| format!("connect to {addr} timed out"))?
+        .with_context(|| format!("connect to {addr}"))?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
 /// Redirects followed per request before its last `307` is handed to the caller.
 pub const MAX_REDIRECTS: usize = 3;
 /// Distinct nodes one target may redirect to (a cluster has a handful).
@@ -247,12 +257,7 @@ impl Conn {
     }
 
     async fn connect(slot: &mut Slot) -> Result<&mut SendRequest<Body>> {
-        let addr = slot.ep.addr;
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
-            .await
-            .with_context(|| format!("connect to {addr} timed out"))?
-            .with_context(|| format!("connect to {addr}"))?;
-        stream.set_nodelay(true)?;
+        let stream = connect_tcp(slot.ep.addr).await?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
             // Ends when the peer closes or the sender is dropped.
@@ -397,7 +402,7 @@ impl Conn {
     }
 }
 
-pub fn is_redirect(s: StatusCode) -> bool {
+fn is_redirect(s: StatusCode) -> bool {
     s == StatusCode::TEMPORARY_REDIRECT || s == StatusCode::PERMANENT_REDIRECT
 }
 
@@ -460,6 +465,57 @@ pub async fn create_stream(
         .await
         .context("PUT timed out")??;
     Ok(parts.status)
+}
+
+/// One reader's connection for GETs whose bodies are only counted: spliced into /dev/null
+/// inside the kernel ([`sink::SinkConn`], Linux), or received through hyper ([`Conn`], copied
+/// into the generator) when `copy_bodies` is set, on other systems, and once the target has
+/// redirected (a cluster: `Conn` remembers leaders, the sink does not).
+pub struct BodySink {
+    conn: Conn,
+    #[cfg(target_os = "linux")]
+    sink: Option<sink::SinkConn>,
+}
+
+impl BodySink {
+    pub fn new(ep: Arc<Endpoint>, copy_bodies: bool) -> Result<Self> {
+        #[cfg(target_os = "linux")]
+        let sink = if copy_bodies {
+            None
+        } else {
+            Some(sink::SinkConn::new(ep.clone())?)
+        };
+        #[cfg(not(target_os = "linux"))]
+        let _ = copy_bodies;
+        Ok(Self {
+            conn: Conn::new(ep),
+            #[cfg(target_os = "linux")]
+            sink,
+        })
+    }
+
+    /// GET `uri` (origin form): status, headers and the body's length.
+    pub async fn get(&mut self, uri: &Uri) -> Result<(http::response::Parts, u64)> {
+        let ep = self.conn.endpoint().clone();
+        #[cfg(target_os = "linux")]
+        if let Some(sink) = &mut self.sink {
+            let got = sink.get(ep.get(uri.clone())).await?;
+            if !is_redirect(got.0.status) {
+                return Ok(got);
+            }
+            self.sink = None;
+        }
+        self.conn.send_drain(|| ep.get(uri.clone())).await
+    }
+
+    /// Forget the connections (after a time-out mid-response).
+    pub fn reset(&mut self) {
+        self.conn.reset();
+        #[cfg(target_os = "linux")]
+        if let Some(sink) = &mut self.sink {
+            sink.reset();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,26 @@ fn plain(layout: &Layout) -> bool {
 
 pub struct Mimalloc;
 
+/// A new block for `layout`, zeroed when `zero` is set.
+///
+/// # Safety
+/// As for [`GlobalAlloc::alloc`]: `layout` has a non-zero size.
+#[inline]
+#[allow(unsafe_code, reason = "C allocation calls")]
+unsafe fn allocate(layout: Layout, zero: bool) -> *mut u8 {
+    let (size, align) = (layout.size(), layout.align());
+    // SAFETY: mimalloc's allocation calls take any size and power-of-two alignment.
+    let p = unsafe {
+        match (plain(&layout), zero) {
+            (true, false) => mi::mi_malloc(size),
+            (true, true) => mi::mi_zalloc(size),
+            (false, false) => mi::mi_malloc_aligned(size, align),
+            (false, true) => mi::mi_zalloc_aligned(size, align),
+        }
+    };
+    p.cast()
+}
+
 // SAFETY: every method forwards to mimalloc, which returns blocks of at least the size asked
 // for, aligned as `plain` relies on (or to the alignment passed to its aligned calls), or
 // null on failure; `mi_free` and `mi_realloc*` accept any block mimalloc returned.
@@ -38,25 +58,13 @@ unsafe impl GlobalAlloc for Mimalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: plain C allocation calls; see the impl's comment.
-        unsafe {
-            if plain(&layout) {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { allocate(layout, false) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.
-        unsafe {
-            if plain(&layout) {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        unsafe { allocate(layout, true) }
     }
 
     #[inline]

@@ -25,7 +25,7 @@ use rustix::pipe::{PipeFlags, SpliceFlags, fcntl_setpipe_size, pipe_with, splice
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
-use super::{Body, CONNECT_TIMEOUT, Endpoint};
+use super::{Body, Endpoint};
 
 /// The pipe's capacity asked for: one splice moves at most this much.
 const PIPE_BYTES: usize = 1 << 20;
@@ -115,11 +115,7 @@ impl SinkConn {
         let stream = match &mut self.stream {
             Some(s) => s,
             None => {
-                let addr = self.ep.addr;
-                let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
-                    .await
-                    .with_context(|| format!("connect to {addr} timed out"))??;
-                s.set_nodelay(true)?;
+                let s = super::connect_tcp(self.ep.addr).await?;
                 self.buf.clear();
                 self.stream.insert(s)
             }

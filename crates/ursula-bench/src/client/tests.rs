@@ -214,6 +214,34 @@ async fn reads_keep_their_query_and_get_no_body() -> Result<()> {
     Ok(())
 }
 
+/// What `b` echoes for a GET of `path_and_query` through `a_url`'s target.
+fn echo_len(path_and_query: &str, host: &str) -> u64 {
+    format!("GET {path_and_query} host={host} type=- seq=- body=").len() as u64
+}
+
+#[tokio::test]
+async fn a_body_sink_counts_bodies_and_follows_a_redirect_through_hyper() -> Result<()> {
+    for copy_bodies in [false, true] {
+        let p = pair().await?;
+        p.a.route("/b/r", Answer::RedirectTo(p.b_url.clone()));
+        let mut sink = BodySink::new(p.ep.clone(), copy_bodies)?;
+        let (parts, n) = sink
+            .get(&crate::target::path_uri("/b/s?offset=-1")?)
+            .await?;
+        assert_eq!(parts.status, StatusCode::OK);
+        assert_eq!(n, echo_len("/b/s?offset=-1", host_of(&p.a_url)));
+        // Redirected: answered by `b`, whose echo names it as the host.
+        let (parts, n) = sink.get(&crate::target::path_uri("/b/r?offset=5")?).await?;
+        assert_eq!(parts.status, StatusCode::OK, "copy_bodies {copy_bodies}");
+        assert_eq!(n, echo_len("/b/r?offset=5", host_of(&p.b_url)));
+        // The sink's own `307` is not followed; the request goes again through `Conn`, which
+        // is redirected and follows (once per reader, then `Conn` takes every request).
+        let target_hits = if copy_bodies { 1 } else { 2 };
+        assert_eq!((p.a.hits("/b/r"), p.b.hits("/b/r")), (target_hits, 1));
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn redirects_are_bounded_per_request() -> Result<()> {
     let mut p = pair().await?;

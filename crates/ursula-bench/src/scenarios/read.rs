@@ -10,16 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use bytes::Bytes;
-use http::{Method, StatusCode, Uri};
+use http::{Method, StatusCode};
 use serde::Serialize;
 
 use super::{Window, check_positive, create_streams, run_id, stream_names};
 use crate::cli::ReadArgs;
-#[cfg(target_os = "linux")]
-use crate::client::sink::SinkConn;
 use crate::client::{
-    Conn, Endpoint, OCTET_STREAM, STREAM_NEXT_OFFSET, error_kind, header_str, is_redirect,
-    up_to_date,
+    BodySink, Conn, Endpoint, OCTET_STREAM, STREAM_NEXT_OFFSET, error_kind, header_str, up_to_date,
 };
 use crate::procfs::{CpuProbe, ServerCpu, fmt_cpu};
 use crate::report::{Header, fmt_latency, fmt_num, kv_table};
@@ -270,7 +267,7 @@ async fn read_loop(
     copy_bodies: bool,
 ) -> Result<TaskResult> {
     let mut r = TaskResult::default();
-    let mut conn = Reader::new(ep.clone(), copy_bodies)?;
+    let mut conn = BodySink::new(ep.clone(), copy_bodies)?;
     let mut k = 0usize;
     'streams: while Instant::now() < window.end {
         let path = &paths[(index + k * conns) % paths.len()];
@@ -342,53 +339,4 @@ async fn read_loop(
         }
     }
     Ok(r)
-}
-
-/// How one reader receives its bodies: spliced into /dev/null inside the kernel
-/// ([`SinkConn`], Linux), or through hyper ([`Conn`], copied into the generator) with
-/// `--copy-bodies`, on other systems, and after the target first redirects (a cluster: `Conn`
-/// remembers leaders, the sink does not).
-struct Reader {
-    conn: Conn,
-    #[cfg(target_os = "linux")]
-    sink: Option<SinkConn>,
-}
-
-impl Reader {
-    fn new(ep: Arc<Endpoint>, copy_bodies: bool) -> Result<Self> {
-        #[cfg(target_os = "linux")]
-        let sink = if copy_bodies {
-            None
-        } else {
-            Some(SinkConn::new(ep.clone())?)
-        };
-        #[cfg(not(target_os = "linux"))]
-        let _ = copy_bodies;
-        Ok(Self {
-            conn: Conn::new(ep),
-            #[cfg(target_os = "linux")]
-            sink,
-        })
-    }
-
-    async fn get(&mut self, uri: &Uri) -> Result<(http::response::Parts, u64)> {
-        let ep = self.conn.endpoint().clone();
-        #[cfg(target_os = "linux")]
-        if let Some(sink) = &mut self.sink {
-            let got = sink.get(ep.get(uri.clone())).await?;
-            if !is_redirect(got.0.status) {
-                return Ok(got);
-            }
-            self.sink = None;
-        }
-        self.conn.send_drain(|| ep.get(uri.clone())).await
-    }
-
-    fn reset(&mut self) {
-        self.conn.reset();
-        #[cfg(target_os = "linux")]
-        if let Some(sink) = &mut self.sink {
-            sink.reset();
-        }
-    }
 }
