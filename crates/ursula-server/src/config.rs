@@ -45,6 +45,9 @@ pub struct Config {
     /// 131072..=1073741824 when set: at 32 KiB (a 64 KiB buffer, one loopback segment) a large
     /// answer crawled one delayed ACK at a time, and the floor keeps a margin above that.
     pub send_buffer_bytes: u64,
+    /// Answer plain writes on the server's own HTTP/1 loop (`h1`), hyper the rest; `false`
+    /// gives every request to hyper. Default: true.
+    pub http1_own_path: bool,
     /// Time allowed for a request head to arrive. Default: 10000 ms.
     pub header_timeout_ms: u64,
     /// Time allowed for a request body to arrive. Default: 30000 ms.
@@ -412,6 +415,7 @@ impl Default for Config {
             write_stall_timeout_ms: 30_000,
             sse_batch_bytes: 1024 * 1024,
             send_buffer_bytes: DEFAULT_SEND_BUFFER_BYTES,
+            http1_own_path: true,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             snapshot_logs: 20_000,

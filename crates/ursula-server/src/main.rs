@@ -10,6 +10,7 @@ mod cold_read;
 mod config;
 mod external;
 mod governance;
+mod h1;
 mod http;
 mod local_chunks;
 mod metrics;

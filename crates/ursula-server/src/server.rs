@@ -1,19 +1,23 @@
-//! The HTTP/1.1 listener: connection timeouts and graceful shutdown.
+//! The HTTP/1.1 listener: connection timeouts and graceful shutdown. Each connection starts
+//! on the server's own loop (`h1`), which hands it to hyper for anything but plain writes.
 
 use crate::app::App;
 use crate::coarse_timer::HyperTimer;
 use crate::parse_errors::{Armed, JsonParseErrors};
 use crate::send_file::SendFile;
 use axum::body::Body;
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::Watcher;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// How long a shutdown waits for in-flight requests (spec cluster.md §15). Long-polls and
 /// SSE streams end with the shutdown signal, so this bounds slow uploads and downloads.
@@ -32,7 +36,6 @@ pub async fn run<H, F>(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     app.timer.start();
     set_send_buffer(&listener, app.cfg.send_buffer_bytes);
-    let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -47,11 +50,59 @@ pub async fn run<H, F>(
             _ = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let conn = Accepted {
+            app: app.clone(),
+            handler: handler.clone(),
+            watcher: graceful.watcher(),
+            peer,
+        };
+        if app.cfg.http1_own_path {
+            tokio::spawn(crate::h1::serve(stream, conn));
+        } else {
+            tokio::spawn(conn.serve_hyper(stream, Bytes::new()));
+        }
+    }
+    tracing::info!("shutting down: no new connections; finishing in-flight requests");
+    let _ = app.shutdown.send(true);
+    // Live readers (long-polls, SSE) wait on their stream's watch alone: this wakes them.
+    app.watchers.stop_all();
+    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_s = DRAIN_TIMEOUT.as_secs(),
+            "some connections did not finish in time"
+        );
+    }
+}
+
+/// An accepted connection: what serves it, and its watcher for a graceful shutdown (which
+/// waits until every watcher is dropped).
+pub struct Accepted<H> {
+    pub app: Arc<App>,
+    pub handler: H,
+    pub watcher: Watcher,
+    pub peer: SocketAddr,
+}
+
+impl<H, F> Accepted<H>
+where
+    H: Fn(Arc<App>, hyper::Request<Body>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = crate::http::Resp> + Send + 'static,
+{
+    /// hyper serves the connection from here on; `prefix` is what was read from it already.
+    pub async fn serve_hyper(self, stream: TcpStream, prefix: Bytes) {
+        let Accepted {
+            app,
+            handler,
+            watcher,
+            peer,
+        } = self;
         let timer = HyperTimer(app.timer.clone());
-        let app = app.clone();
-        let handler = handler.clone();
+        let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
         let armed = Armed::default();
-        let io = JsonParseErrors::new(SendFile::new(stream), armed.clone());
+        let io = JsonParseErrors::new(SendFile::with_prefix(stream, prefix), armed.clone());
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
             armed.disarm();
             // Boxed once here, so that hyper moves a pointer, not the handler's state.
@@ -70,25 +121,9 @@ pub async fn run<H, F>(
             .header_read_timeout(header_timeout)
             .keep_alive(true)
             .serve_connection(TokioIo::new(io), svc);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    tracing::info!("shutting down: no new connections; finishing in-flight requests");
-    let _ = app.shutdown.send(true);
-    // Live readers (long-polls, SSE) wait on their stream's watch alone: this wakes them.
-    app.watchers.stop_all();
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            drain_s = DRAIN_TIMEOUT.as_secs(),
-            "some connections did not finish in time"
-        );
+        if let Err(e) = watcher.watch(conn).await {
+            tracing::debug!(%peer, error = %e, "connection ended with an error");
+        }
     }
 }
 

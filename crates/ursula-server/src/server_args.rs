@@ -52,6 +52,10 @@ pub struct ServerArgs {
     /// Request body bytes held at once by all requests (0 = unlimited) [default: 268435456].
     #[arg(long, env = "URSULA_HTTP_INFLIGHT_BODY_SIZE")]
     http_inflight_body_size: Option<u64>,
+    /// Answer plain writes (POST, PUT, DELETE with a small body) on the server's own HTTP/1
+    /// loop rather than hyper's (`http1_own_path`) [default: true].
+    #[arg(long, env = "URSULA_HTTP1_OWN_PATH")]
+    http1_own_path: Option<bool>,
     /// Raft log entries between state-machine snapshots [default: 20000].
     #[arg(long, env = "URSULA_SNAPSHOT_LOGS")]
     snapshot_logs: Option<u64>,
@@ -168,6 +172,9 @@ impl ServerArgs {
         }
         if let Some(v) = self.snapshot_logs {
             c.snapshot_logs = v;
+        }
+        if let Some(v) = self.http1_own_path {
+            c.http1_own_path = v;
         }
         if self.public_url.is_some() {
             c.public_url = self.public_url;

@@ -1,0 +1,248 @@
+//! The server's own HTTP/1.1 loop, for the requests that are most of a write-heavy load.
+//!
+//! An append costs the server about 11 µs of kernel time (socket, sync) and, with hyper, about
+//! 10 µs of user space, a third of which was hyper's connection machinery around our handler
+//! (docs/benchmarks.md, session 25). This loop reads a connection's requests itself, parses
+//! heads with `httparse`, and answers plain writes (head.rs says which) by calling the same
+//! handler hyper calls, with the whole body already read; it writes the answer's head itself
+//! (answer.rs). The first request it does not take (any `GET`, a large or chunked body, an
+//! `Expect`, a malformed head) hands the connection to hyper for good, with the bytes read so
+//! far, so reads, live tails and every edge of HTTP/1.1 stay hyper's.
+//!
+//! Written here rather than taken from a crate because it is the hot path of the product and
+//! measurably cheaper than the general server (hyper) that stays behind it for the rest.
+//!
+//! Timeouts match hyper's: a head must arrive within `header_timeout_ms` of the previous answer
+//! (an idle connection is closed silently then), a body within `body_timeout_ms` (`408`). On
+//! shutdown an idle connection is closed and a request in progress is answered with
+//! `connection: close`; the connection's graceful-shutdown watcher is held until then.
+
+mod answer;
+mod head;
+
+use crate::app::App;
+use crate::coarse_timer::{CoarseSleep, CoarseTimer};
+use crate::http::Resp;
+use crate::http::error::ApiError;
+use crate::metrics::inc;
+use crate::server::Accepted;
+use answer::Framing;
+use axum::body::Body;
+use bytes::BytesMut;
+use head::Parsed;
+use http_body_util::BodyExt;
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use ursula_core::ErrorCode;
+
+/// Bytes a read asks for at least.
+const READ_SIZE: usize = 8 * 1024;
+/// Bodies up to this size leave in the same write as their head.
+const INLINE_BODY: usize = 16 * 1024;
+
+/// How a wait for more bytes ended.
+enum Fill {
+    Read,
+    /// End of stream, a socket error, or the node shutting down.
+    Ended,
+    TimedOut,
+}
+
+/// Serves `stream` until it closes, or until a request for hyper arrives.
+pub async fn serve<H, F>(mut stream: TcpStream, conn: Accepted<H>)
+where
+    H: Fn(Arc<App>, hyper::Request<Body>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Resp> + Send + 'static,
+{
+    let app = conn.app.clone();
+    let mut shutdown = app.shutdown.subscribe();
+    let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
+    let body_timeout = Duration::from_millis(app.cfg.body_timeout_ms);
+    let mut buf = BytesMut::with_capacity(READ_SIZE);
+    let mut out = Vec::with_capacity(512);
+    loop {
+        let mut deadline = None;
+        let head = loop {
+            match head::parse(&buf) {
+                Parsed::Fast(h) => break h,
+                Parsed::Handoff => return conn.serve_hyper(stream, buf.freeze()).await,
+                Parsed::Partial => {}
+            }
+            let waiting = Waiting {
+                timer: &app.timer,
+                limit: header_timeout,
+                deadline: &mut deadline,
+                shutdown: Some(&mut shutdown),
+            };
+            match fill(&stream, &mut buf, waiting).await {
+                Fill::Read => {}
+                Fill::Ended | Fill::TimedOut => return,
+            }
+        };
+        let mut deadline = None;
+        while buf.len() < head.len() {
+            let waiting = Waiting {
+                timer: &app.timer,
+                limit: body_timeout,
+                deadline: &mut deadline,
+                shutdown: None,
+            };
+            match fill(&stream, &mut buf, waiting).await {
+                Fill::Read => {}
+                Fill::Ended => return,
+                Fill::TimedOut => {
+                    let resp = late_body(&app);
+                    let _ = write_answer(&mut stream, &mut out, resp, true).await;
+                    return;
+                }
+            }
+        }
+        let asked_close = head.close;
+        let Some(req) = head.take(&mut buf) else {
+            return conn.serve_hyper(stream, buf.freeze()).await;
+        };
+        let resp = (conn.handler)(app.clone(), req.map(Body::from)).await;
+        let close = asked_close || *shutdown.borrow() || answer::wants_close(resp.headers());
+        if write_answer(&mut stream, &mut out, resp, close)
+            .await
+            .is_err()
+            || close
+        {
+            let _ = stream.shutdown().await;
+            return;
+        }
+    }
+}
+
+/// What a wait for bytes may take: its limit (armed when the first read finds nothing), and
+/// the node's shutdown signal while no request is in progress.
+struct Waiting<'a> {
+    timer: &'a CoarseTimer,
+    limit: Duration,
+    deadline: &'a mut Option<CoarseSleep>,
+    shutdown: Option<&'a mut watch::Receiver<bool>>,
+}
+
+/// Reads what the socket has into `buf`, waiting for it if it has nothing yet.
+async fn fill(stream: &TcpStream, buf: &mut BytesMut, w: Waiting<'_>) -> Fill {
+    let Waiting {
+        timer,
+        limit,
+        deadline,
+        mut shutdown,
+    } = w;
+    loop {
+        if buf.capacity() - buf.len() < READ_SIZE / 4 {
+            buf.reserve(READ_SIZE);
+        }
+        match stream.try_read_buf(buf) {
+            Ok(0) => return Fill::Ended,
+            Ok(_) => return Fill::Read,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(_) => return Fill::Ended,
+        }
+        let sleep = deadline.get_or_insert_with(|| timer.sleep(limit));
+        let stop = async {
+            match shutdown.as_deref_mut() {
+                // An idle connection ends with the node; a partial head is dropped with it.
+                Some(rx) => {
+                    let _ = rx.wait_for(|stopping| *stopping).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            r = stream.readable() => {
+                if r.is_err() {
+                    return Fill::Ended;
+                }
+            }
+            () = sleep => return Fill::TimedOut,
+            () = stop => return Fill::Ended,
+        }
+    }
+}
+
+/// The answer to a body that did not arrive within `body_timeout_ms`.
+fn late_body(app: &App) -> Resp {
+    inc(&app.metrics.requests, 1);
+    inc(&app.metrics.errors_4xx, 1);
+    let mut resp = crate::http::error::render(ApiError::new(
+        ErrorCode::REQUEST_TIMEOUT,
+        "request body did not arrive in time",
+    ));
+    crate::http::common_headers(app, &mut resp, None);
+    resp
+}
+
+fn body_error(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(format!("answer body failed: {e}"))
+}
+
+/// Writes `resp`: its head and body in one write when the body is small and of known length,
+/// else the head and then each piece (chunked when the length is not known).
+async fn write_answer(
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+    resp: Resp,
+    close: bool,
+) -> io::Result<()> {
+    let (parts, mut body) = resp.into_parts();
+    out.clear();
+    let exact = http_body::Body::size_hint(&body).exact();
+    if !answer::has_body(parts.status) {
+        answer::write_head(out, &parts, Framing::Length(0), close);
+        return stream.write_all(out).await;
+    }
+    let Some(len) = exact else {
+        answer::write_head(out, &parts, Framing::Chunked, close);
+        stream.write_all(out).await?;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(body_error)?.into_data() else {
+                continue;
+            };
+            if data.is_empty() {
+                continue;
+            }
+            out.clear();
+            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            out.extend_from_slice(&data);
+            out.extend_from_slice(b"\r\n");
+            stream.write_all(out).await?;
+        }
+        return stream.write_all(b"0\r\n\r\n").await;
+    };
+    answer::write_head(out, &parts, Framing::Length(len), close);
+    let mut sent = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(body_error)?.into_data() else {
+            continue;
+        };
+        sent += data.len() as u64;
+        if sent > len {
+            return Err(body_error("longer than its length"));
+        }
+        if out.len() + data.len() <= INLINE_BODY {
+            out.extend_from_slice(&data);
+        } else {
+            if !out.is_empty() {
+                stream.write_all(out).await?;
+                out.clear();
+            }
+            stream.write_all(&data).await?;
+        }
+    }
+    if !out.is_empty() {
+        stream.write_all(out).await?;
+    }
+    if sent != len {
+        return Err(body_error("shorter than its length"));
+    }
+    Ok(())
+}
