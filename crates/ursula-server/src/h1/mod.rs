@@ -35,7 +35,7 @@ use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use ursula_core::ErrorCode;
@@ -79,7 +79,7 @@ where
                 deadline: &mut deadline,
                 shutdown: Some(&mut shutdown),
             };
-            match fill(&stream, &mut buf, waiting).await {
+            match fill(&mut stream, &mut buf, waiting).await {
                 Fill::Read => {}
                 Fill::Ended | Fill::TimedOut => return,
             }
@@ -92,7 +92,7 @@ where
                 deadline: &mut deadline,
                 shutdown: None,
             };
-            match fill(&stream, &mut buf, waiting).await {
+            match fill(&mut stream, &mut buf, waiting).await {
                 Fill::Read => {}
                 Fill::Ended => return,
                 Fill::TimedOut => {
@@ -129,43 +129,39 @@ struct Waiting<'a> {
 }
 
 /// Reads what the socket has into `buf`, waiting for it if it has nothing yet.
-async fn fill(stream: &TcpStream, buf: &mut BytesMut, w: Waiting<'_>) -> Fill {
+///
+/// Through `AsyncRead` rather than `try_read`: a read that returns less than it asked for
+/// clears the socket's readiness there, so the next wait goes straight to epoll instead of
+/// first making a `recvfrom` that finds nothing (one syscall per request).
+async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, w: Waiting<'_>) -> Fill {
     let Waiting {
         timer,
         limit,
         deadline,
         mut shutdown,
     } = w;
-    loop {
-        if buf.capacity() - buf.len() < READ_SIZE / 4 {
-            buf.reserve(READ_SIZE);
-        }
-        match stream.try_read_buf(buf) {
-            Ok(0) => return Fill::Ended,
-            Ok(_) => return Fill::Read,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(_) => return Fill::Ended,
-        }
-        let sleep = deadline.get_or_insert_with(|| timer.sleep(limit));
-        let stop = async {
-            match shutdown.as_deref_mut() {
-                // An idle connection ends with the node; a partial head is dropped with it.
-                Some(rx) => {
-                    let _ = rx.wait_for(|stopping| *stopping).await;
-                }
-                None => std::future::pending().await,
+    if buf.capacity() - buf.len() < READ_SIZE / 4 {
+        buf.reserve(READ_SIZE);
+    }
+    // Polled only when the read is pending: no timer slot for bytes that are already there.
+    let sleep = deadline.get_or_insert_with(|| timer.sleep(limit));
+    let stop = async {
+        match shutdown.as_deref_mut() {
+            // An idle connection ends with the node; a partial head is dropped with it.
+            Some(rx) => {
+                let _ = rx.wait_for(|stopping| *stopping).await;
             }
-        };
-        tokio::select! {
-            biased;
-            r = stream.readable() => {
-                if r.is_err() {
-                    return Fill::Ended;
-                }
-            }
-            () = sleep => return Fill::TimedOut,
-            () = stop => return Fill::Ended,
+            None => std::future::pending().await,
         }
+    };
+    tokio::select! {
+        biased;
+        r = stream.read_buf(buf) => match r {
+            Ok(0) | Err(_) => Fill::Ended,
+            Ok(_) => Fill::Read,
+        },
+        () = sleep => Fill::TimedOut,
+        () = stop => Fill::Ended,
     }
 }
 
