@@ -101,6 +101,7 @@ where
         } = self;
         let timer = HyperTimer(app.timer.clone());
         let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
+        let app_shutdown = app.shutdown.subscribe();
         let armed = Armed::default();
         let io = JsonParseErrors::new(SendFile::with_prefix(stream, prefix), armed.clone());
         let svc = service_fn(move |req: hyper::Request<Incoming>| {
@@ -121,7 +122,23 @@ where
             .header_read_timeout(header_timeout)
             .keep_alive(true)
             .serve_connection(TokioIo::new(io), svc);
-        if let Err(e) = watcher.watch(conn).await {
+        // The drain (`GracefulShutdown::shutdown`) waits until every watcher is dropped: this
+        // one lives as long as the connection. hyper is told to stop on the node's own signal,
+        // and only after its first poll: a request the h1 loop already took off the socket
+        // sits in `SendFile`'s prefix, not in hyper's buffer, and hyper would otherwise see an
+        // idle connection and close it unanswered.
+        let _held = watcher;
+        let mut stop = app_shutdown;
+        let mut conn = std::pin::pin!(conn);
+        let res = tokio::select! {
+            biased;
+            r = conn.as_mut() => r,
+            () = async { drop(stop.wait_for(|stopping| *stopping).await) } => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = res {
             tracing::debug!(%peer, error = %e, "connection ended with an error");
         }
     }

@@ -216,3 +216,62 @@ fn the_node_stops_promptly_with_idle_connections_open() {
         assert!(c.read_head().is_err(), "an idle connection is closed");
     }
 }
+
+#[test]
+fn a_late_body_gets_408_with_cors_and_a_held_body_counts_against_the_budget() {
+    let s = Server::start_with_config(
+        "body_timeout_ms = 800\nmax_request_bytes = 1000\nhttp_inflight_body_size = 1000\n",
+        &["--cold-backend", "none"],
+    );
+    assert_eq!(s.put("/loop/late", "text/plain", b"").status, 201);
+    let a = s.addr();
+    // A body that stops half way: the loop holds its bytes and charges them to the budget.
+    let mut stalled = open(&s);
+    stalled
+        .write_raw(
+            format!(
+                "POST /loop/late HTTP/1.1\r\nHost: {a}\r\nOrigin: https://app.example\r\n\
+                 Content-Type: text/plain\r\nContent-Length: 900\r\n\r\nhalf"
+            )
+            .as_bytes(),
+        )
+        .expect("write partial body");
+    let held = || s.metrics()["http_inflight_body_bytes"].as_u64() == Some(900);
+    assert!(
+        common::wait_until(T, held),
+        "the held body is charged: {}",
+        s.metrics()["http_inflight_body_bytes"]
+    );
+    // Another body that does not fit beside it is refused, not buffered.
+    let mut other = open(&s);
+    other
+        .write_raw(
+            format!(
+                "POST /loop/late HTTP/1.1\r\nHost: {a}\r\nContent-Type: text/plain\r\n\
+                 Content-Length: 900\r\n\r\nsome"
+            )
+            .as_bytes(),
+        )
+        .expect("write");
+    let r = other.read_response(false).expect("answer");
+    assert_eq!(r.status, 503, "{}", r.describe());
+    assert_eq!(
+        check_error_body(&r),
+        Ok("INGRESS_BODY_BYTES_LIMIT_REACHED".to_owned())
+    );
+    // The stalled one times out with a JSON 408 a browser may read.
+    let r = stalled.read_response(false).expect("408");
+    assert_eq!(r.status, 408, "{}", r.describe());
+    assert_eq!(check_error_body(&r), Ok("REQUEST_TIMEOUT".to_owned()));
+    assert_eq!(r.header("access-control-allow-origin"), Some("*"));
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(common::wait_until(
+        T,
+        || s.metrics()["http_inflight_body_bytes"].as_u64() == Some(0)
+    ));
+    assert_eq!(
+        s.read_all("/loop/late").0,
+        b"",
+        "nothing partial was appended"
+    );
+}

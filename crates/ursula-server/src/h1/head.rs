@@ -11,10 +11,10 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Uri};
 
-/// The largest body a request on this path may declare. Bodies up to here are copied into an
-/// allocation of their own anyway (`http::body::COPY_BELOW`), so reading them whole first
+/// The largest body a request on this path may declare. Bodies below 64 KiB are copied into
+/// an allocation of their own anyway (`http::body::COPY_BELOW`), so reading them whole first
 /// costs nothing; a larger one goes to hyper, which hands it over without a copy.
-pub const MAX_BODY: usize = 64 * 1024;
+pub const MAX_BODY: usize = 64 * 1024 - 1;
 /// The largest head read here; a longer one is hyper's to answer (it allows more, and answers
 /// `431` beyond its own limit).
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -161,6 +161,12 @@ impl Head {
         Some(req)
     }
 
+    /// The first value of header `name`, read from `buf` (which still holds the head).
+    pub fn header(&self, buf: &[u8], name: &HeaderName) -> Option<HeaderValue> {
+        let (_, (start, end)) = self.headers.iter().find(|(n, _)| n == name)?;
+        HeaderValue::from_bytes(buf.get(*start..*end)?).ok()
+    }
+
     /// Bytes the head and its body take.
     pub fn len(&self) -> usize {
         self.head_len + self.body_len
@@ -253,7 +259,7 @@ mod tests {
             b"POST /s HTTP/1.1\r\nContent-Length: +1\r\n\r\nx",
             b"POST /s HTTP/1.1\r\nContent-Length: 1 1\r\n\r\nx",
             b"POST /s HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
-            b"POST /s HTTP/1.1\r\nContent-Length: 65537\r\n\r\n",
+            b"POST /s HTTP/1.1\r\nContent-Length: 65536\r\n\r\n",
             b"POST http://h/s HTTP/1.1\r\n\r\n",
             b"POST /s HTTP/1.1\r\nBad Header: x\r\n\r\n",
         ];

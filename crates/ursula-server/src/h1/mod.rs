@@ -13,9 +13,11 @@
 //! measurably cheaper than the general server (hyper) that stays behind it for the rest.
 //!
 //! Timeouts match hyper's: a head must arrive within `header_timeout_ms` of the previous answer
-//! (an idle connection is closed silently then), a body within `body_timeout_ms` (`408`). On
-//! shutdown an idle connection is closed and a request in progress is answered with
-//! `connection: close`; the connection's graceful-shutdown watcher is held until then.
+//! (an idle connection is closed silently then), a body within `body_timeout_ms` (`408`). A
+//! body still arriving is charged to the node's body budget while this loop holds it. On
+//! shutdown an idle connection is closed (also one whose next head has only partly arrived,
+//! which hyper would wait for) and a request in progress is answered with `connection:
+//! close`; the connection's graceful-shutdown watcher is held until then.
 
 mod answer;
 mod head;
@@ -24,7 +26,6 @@ use crate::app::App;
 use crate::coarse_timer::{CoarseSleep, CoarseTimer};
 use crate::http::Resp;
 use crate::http::error::ApiError;
-use crate::metrics::inc;
 use crate::server::Accepted;
 use answer::Framing;
 use axum::body::Body;
@@ -67,12 +68,21 @@ where
     let mut out = Vec::with_capacity(512);
     loop {
         let mut deadline = None;
+        // How much of `buf` was looked at for a head: httparse runs on the first bytes and
+        // then only when a line has ended since, so a head sent a byte at a time is not
+        // parsed again for every byte (at most once per line, and a head has few).
+        let mut scanned = 0;
         let head = loop {
-            match head::parse(&buf) {
-                Parsed::Fast(h) => break h,
-                Parsed::Handoff => return conn.serve_hyper(stream, buf.freeze()).await,
-                Parsed::Partial => {}
+            if scanned == 0 || memchr::memchr(b'\n', &buf[scanned..]).is_some() {
+                match head::parse(&buf) {
+                    Parsed::Fast(h) => break h,
+                    Parsed::Handoff => return conn.serve_hyper(stream, buf.freeze()).await,
+                    Parsed::Partial => {}
+                }
+            } else if buf.len() >= head::MAX_HEAD {
+                return conn.serve_hyper(stream, buf.freeze()).await;
             }
+            scanned = buf.len();
             let waiting = Waiting {
                 timer: &app.timer,
                 limit: header_timeout,
@@ -84,23 +94,47 @@ where
                 Fill::Ended | Fill::TimedOut => return,
             }
         };
-        let mut deadline = None;
-        while buf.len() < head.len() {
-            let waiting = Waiting {
-                timer: &app.timer,
-                limit: body_timeout,
-                deadline: &mut deadline,
-                shutdown: None,
+        if buf.len() < head.len() {
+            // A body still on its way is held here, not in the kernel: it is charged to the
+            // node's body budget (`http_inflight_body_size`) until it is whole, as hyper's
+            // path charges it before reading. When it does not fit, hyper's path answers.
+            let Ok(held) = app.body_budget.reserve(head.body_len as u64) else {
+                return conn.serve_hyper(stream, buf.freeze()).await;
             };
-            match fill(&mut stream, &mut buf, waiting).await {
-                Fill::Read => {}
-                Fill::Ended => return,
-                Fill::TimedOut => {
-                    let resp = late_body(&app);
-                    let _ = write_answer(&mut stream, &mut out, resp, true).await;
-                    return;
+            buf.reserve(head.len() - buf.len());
+            let mut deadline = None;
+            while buf.len() < head.len() {
+                let waiting = Waiting {
+                    timer: &app.timer,
+                    limit: body_timeout,
+                    deadline: &mut deadline,
+                    shutdown: None,
+                };
+                match fill(&mut stream, &mut buf, waiting).await {
+                    Fill::Read => {}
+                    Fill::Ended => return,
+                    Fill::TimedOut => {
+                        let origin = head.header(&buf, &http::header::ORIGIN);
+                        let resp = crate::http::error_answer(
+                            &app,
+                            ApiError::new(
+                                ErrorCode::REQUEST_TIMEOUT,
+                                "request body did not arrive in time",
+                            ),
+                            origin.as_ref(),
+                        );
+                        if write_answer(&mut stream, &mut out, resp, true)
+                            .await
+                            .is_ok()
+                        {
+                            let _ = stream.shutdown().await;
+                        }
+                        return;
+                    }
                 }
             }
+            // The handler charges the body again when it reads it.
+            drop(held);
         }
         let asked_close = head.close;
         let Some(req) = head.take(&mut buf) else {
@@ -119,8 +153,9 @@ where
     }
 }
 
-/// What a wait for bytes may take: its limit (armed when the first read finds nothing), and
-/// the node's shutdown signal while no request is in progress.
+/// What a wait for bytes may take: its limit (counted from the first wait of a head or body;
+/// the timer slot is only taken when a read is pending), and the node's shutdown signal
+/// while no request is in progress.
 struct Waiting<'a> {
     timer: &'a CoarseTimer,
     limit: Duration,
@@ -165,18 +200,6 @@ async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, w: Waiting<'_>) -> Fil
     }
 }
 
-/// The answer to a body that did not arrive within `body_timeout_ms`.
-fn late_body(app: &App) -> Resp {
-    inc(&app.metrics.requests, 1);
-    inc(&app.metrics.errors_4xx, 1);
-    let mut resp = crate::http::error::render(ApiError::new(
-        ErrorCode::REQUEST_TIMEOUT,
-        "request body did not arrive in time",
-    ));
-    crate::http::common_headers(app, &mut resp, None);
-    resp
-}
-
 fn body_error(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("answer body failed: {e}"))
 }
@@ -191,7 +214,13 @@ async fn write_answer(
 ) -> io::Result<()> {
     let (parts, mut body) = resp.into_parts();
     out.clear();
-    let exact = http_body::Body::size_hint(&body).exact();
+    // A length the handler set for a streamed body frames it, as with hyper.
+    let exact = http_body::Body::size_hint(&body).exact().or_else(|| {
+        parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+    });
     if !answer::has_body(parts.status) {
         answer::write_head(out, &parts, Framing::Length(0), close);
         return stream.write_all(out).await;
