@@ -78,7 +78,6 @@ fn connection_close_is_answered_then_the_connection_ends() {
         )
         .expect("append");
     assert_eq!(r.status, 204, "{}", r.describe());
-    assert_eq!(r.header("connection"), Some("close"));
     assert!(
         c.read_head().is_err(),
         "the server closes the connection after answering"
@@ -218,14 +217,14 @@ fn the_node_stops_promptly_with_idle_connections_open() {
 }
 
 #[test]
-fn a_late_body_gets_408_with_cors_and_a_held_body_counts_against_the_budget() {
+fn a_body_still_arriving_is_hypers_budgeted_and_timed_out() {
     let s = Server::start_with_config(
         "body_timeout_ms = 800\nmax_request_bytes = 1000\nhttp_inflight_body_size = 1000\n",
         &["--cold-backend", "none"],
     );
     assert_eq!(s.put("/loop/late", "text/plain", b"").status, 201);
     let a = s.addr();
-    // A body that stops half way: the loop holds its bytes and charges them to the budget.
+    // A body that stops half way goes to hyper's path, which charges it to the budget.
     let mut stalled = open(&s);
     stalled
         .write_raw(
@@ -264,7 +263,6 @@ fn a_late_body_gets_408_with_cors_and_a_held_body_counts_against_the_budget() {
     assert_eq!(r.status, 408, "{}", r.describe());
     assert_eq!(check_error_body(&r), Ok("REQUEST_TIMEOUT".to_owned()));
     assert_eq!(r.header("access-control-allow-origin"), Some("*"));
-    assert_eq!(r.header("connection"), Some("close"));
     assert!(common::wait_until(
         T,
         || s.metrics()["http_inflight_body_bytes"].as_u64() == Some(0)

@@ -161,12 +161,6 @@ impl Head {
         Some(req)
     }
 
-    /// The first value of header `name`, read from `buf` (which still holds the head).
-    pub fn header(&self, buf: &[u8], name: &HeaderName) -> Option<HeaderValue> {
-        let (_, (start, end)) = self.headers.iter().find(|(n, _)| n == name)?;
-        HeaderValue::from_bytes(buf.get(*start..*end)?).ok()
-    }
-
     /// Bytes the head and its body take.
     pub fn len(&self) -> usize {
         self.head_len + self.body_len

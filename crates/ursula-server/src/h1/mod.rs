@@ -12,10 +12,10 @@
 //! Written here rather than taken from a crate because it is the hot path of the product and
 //! measurably cheaper than the general server (hyper) that stays behind it for the rest.
 //!
-//! Timeouts match hyper's: a head must arrive within `header_timeout_ms` of the previous answer
-//! (an idle connection is closed silently then), a body within `body_timeout_ms` (`408`). A
-//! body still arriving is charged to the node's body budget while this loop holds it. On
-//! shutdown an idle connection is closed (also one whose next head has only partly arrived,
+//! A request is taken only once its whole body is here; a body still on its way (a large
+//! upload, a client that sends the head first) is hyper's, with its streaming, body budget and
+//! `body_timeout_ms`. A head must arrive within `header_timeout_ms` of the previous answer, as
+//! with hyper (an idle connection is closed silently then). On shutdown an idle connection is closed (also one whose next head has only partly arrived,
 //! which hyper would wait for) and a request in progress is answered with `connection:
 //! close`; the connection's graceful-shutdown watcher is held until then.
 
@@ -25,7 +25,6 @@ mod head;
 use crate::app::App;
 use crate::coarse_timer::{CoarseSleep, CoarseTimer};
 use crate::http::Resp;
-use crate::http::error::ApiError;
 use crate::server::Accepted;
 use answer::Framing;
 use axum::body::Body;
@@ -39,7 +38,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use ursula_core::ErrorCode;
 
 /// Bytes a read asks for at least.
 const READ_SIZE: usize = 8 * 1024;
@@ -63,7 +61,6 @@ where
     let app = conn.app.clone();
     let mut shutdown = app.shutdown.subscribe();
     let header_timeout = Duration::from_millis(app.cfg.header_timeout_ms);
-    let body_timeout = Duration::from_millis(app.cfg.body_timeout_ms);
     let mut buf = BytesMut::with_capacity(READ_SIZE);
     let mut out = Vec::with_capacity(512);
     loop {
@@ -87,7 +84,7 @@ where
                 timer: &app.timer,
                 limit: header_timeout,
                 deadline: &mut deadline,
-                shutdown: Some(&mut shutdown),
+                shutdown: &mut shutdown,
             };
             match fill(&mut stream, &mut buf, waiting).await {
                 Fill::Read => {}
@@ -95,46 +92,15 @@ where
             }
         };
         if buf.len() < head.len() {
-            // A body still on its way is held here, not in the kernel: it is charged to the
-            // node's body budget (`http_inflight_body_size`) until it is whole, as hyper's
-            // path charges it before reading. When it does not fit, hyper's path answers.
-            let Ok(held) = app.body_budget.reserve(head.body_len as u64) else {
-                return conn.serve_hyper(stream, buf.freeze()).await;
-            };
+            // The body is still on its way. Routes may act on a body as it arrives (a snapshot
+            // commit holds its copy slot while its manifest streams in), and hyper's path
+            // charges it to the body budget and times it out, so a body that is not here yet
+            // is hyper's, unless the socket already holds the rest.
             buf.reserve(head.len() - buf.len());
-            let mut deadline = None;
-            while buf.len() < head.len() {
-                let waiting = Waiting {
-                    timer: &app.timer,
-                    limit: body_timeout,
-                    deadline: &mut deadline,
-                    shutdown: None,
-                };
-                match fill(&mut stream, &mut buf, waiting).await {
-                    Fill::Read => {}
-                    Fill::Ended => return,
-                    Fill::TimedOut => {
-                        let origin = head.header(&buf, &http::header::ORIGIN);
-                        let resp = crate::http::error_answer(
-                            &app,
-                            ApiError::new(
-                                ErrorCode::REQUEST_TIMEOUT,
-                                "request body did not arrive in time",
-                            ),
-                            origin.as_ref(),
-                        );
-                        if write_answer(&mut stream, &mut out, resp, true)
-                            .await
-                            .is_ok()
-                        {
-                            let _ = stream.shutdown().await;
-                        }
-                        return;
-                    }
-                }
+            let _ = stream.try_read_buf(&mut buf);
+            if buf.len() < head.len() {
+                return conn.serve_hyper(stream, buf.freeze()).await;
             }
-            // The handler charges the body again when it reads it.
-            drop(held);
         }
         let asked_close = head.close;
         let Some(req) = head.take(&mut buf) else {
@@ -153,14 +119,13 @@ where
     }
 }
 
-/// What a wait for bytes may take: its limit (counted from the first wait of a head or body;
-/// the timer slot is only taken when a read is pending), and the node's shutdown signal
-/// while no request is in progress.
+/// What a wait for a head's bytes may take: its limit (counted from the first wait for the
+/// head; the timer slot is only taken when a read is pending), and the node's shutdown signal.
 struct Waiting<'a> {
     timer: &'a CoarseTimer,
     limit: Duration,
     deadline: &'a mut Option<CoarseSleep>,
-    shutdown: Option<&'a mut watch::Receiver<bool>>,
+    shutdown: &'a mut watch::Receiver<bool>,
 }
 
 /// Reads what the socket has into `buf`, waiting for it if it has nothing yet.
@@ -173,21 +138,16 @@ async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, w: Waiting<'_>) -> Fil
         timer,
         limit,
         deadline,
-        mut shutdown,
+        shutdown,
     } = w;
     if buf.capacity() - buf.len() < READ_SIZE / 4 {
         buf.reserve(READ_SIZE);
     }
     // Polled only when the read is pending: no timer slot for bytes that are already there.
     let sleep = deadline.get_or_insert_with(|| timer.sleep(limit));
+    // An idle connection ends with the node; a partial head is dropped with it.
     let stop = async {
-        match shutdown.as_deref_mut() {
-            // An idle connection ends with the node; a partial head is dropped with it.
-            Some(rx) => {
-                let _ = rx.wait_for(|stopping| *stopping).await;
-            }
-            None => std::future::pending().await,
-        }
+        let _ = shutdown.wait_for(|stopping| *stopping).await;
     };
     tokio::select! {
         biased;

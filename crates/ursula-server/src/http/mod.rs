@@ -82,28 +82,14 @@ async fn serve(app: Arc<App>, req: Request<Body>) -> Resp {
             Err(e) => error::render(e),
         }
     };
-    finish(&app, &mut resp, origin.as_ref());
-    resp
-}
-
-/// The answer to a request that fails before it reaches a route (h1's late body): counted,
-/// rendered and given the common headers as [`serve`] does.
-pub fn error_answer(app: &App, e: ApiError, origin: Option<&HeaderValue>) -> Resp {
-    inc(&app.metrics.requests, 1);
-    let mut resp = error::render(e);
-    finish(app, &mut resp, origin);
-    resp
-}
-
-/// Counts an answer's status and adds the common headers.
-fn finish(app: &App, resp: &mut Resp, origin: Option<&HeaderValue>) {
     let status = resp.status();
     if status.is_client_error() {
         inc(&app.metrics.errors_4xx, 1);
     } else if status.is_server_error() {
         inc(&app.metrics.errors_5xx, 1);
     }
-    common_headers(app, resp, origin);
+    common_headers(&app, &mut resp, origin.as_ref());
+    resp
 }
 
 fn allowed_origin(app: &App, origin: Option<&HeaderValue>) -> Option<HeaderValue> {
