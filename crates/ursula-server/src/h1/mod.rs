@@ -3,11 +3,11 @@
 //! An append costs the server about 11 µs of kernel time (socket, sync) and, with hyper, about
 //! 10 µs of user space, a third of which was hyper's connection machinery around our handler
 //! (docs/benchmarks.md, session 25). This loop reads a connection's requests itself, parses
-//! heads with `httparse`, and answers plain writes (head.rs says which) by calling the same
-//! handler hyper calls, with the whole body already read; it writes the answer's head itself
-//! (answer.rs). The first request it does not take (any `GET`, a large or chunked body, an
-//! `Expect`, a malformed head) hands the connection to hyper for good, with the bytes read so
-//! far, so reads, live tails and every edge of HTTP/1.1 stay hyper's.
+//! heads with `httparse`, and answers plain writes (head.rs says which) whose body has
+//! arrived whole by calling the same handler hyper calls; it writes the answer's head itself
+//! (answer.rs). The first request it does not take (any `GET`, a large, chunked or still
+//! arriving body, an `Expect`, a malformed head) hands the connection to hyper for good, with
+//! the bytes read so far, so reads, live tails and every edge of HTTP/1.1 stay hyper's.
 //!
 //! Written here rather than taken from a crate because it is the hot path of the product and
 //! measurably cheaper than the general server (hyper) that stays behind it for the rest.
@@ -15,9 +15,10 @@
 //! A request is taken only once its whole body is here; a body still on its way (a large
 //! upload, a client that sends the head first) is hyper's, with its streaming, body budget and
 //! `body_timeout_ms`. A head must arrive within `header_timeout_ms` of the previous answer, as
-//! with hyper (an idle connection is closed silently then). On shutdown an idle connection is closed (also one whose next head has only partly arrived,
-//! which hyper would wait for) and a request in progress is answered with `connection:
-//! close`; the connection's graceful-shutdown watcher is held until then.
+//! with hyper (an idle connection is closed silently then). On shutdown an idle connection is
+//! closed (also one whose next head has only partly arrived, which hyper would wait for) and a
+//! request in progress is answered with `connection: close`; the connection's
+//! graceful-shutdown watcher is held until then.
 
 mod answer;
 mod head;
