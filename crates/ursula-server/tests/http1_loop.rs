@@ -65,6 +65,30 @@ fn a_body_in_many_pieces_is_appended_once_and_whole() {
 }
 
 #[test]
+fn a_head_in_pieces_then_its_body_is_answered_and_the_connection_stays_usable() {
+    let s = Server::start();
+    assert_eq!(s.put("/loop/headpieces", "text/plain", b"").status, 201);
+    let mut c = open(&s);
+    let ct = [("Content-Type", "text/plain")];
+    for i in 0..3u8 {
+        let body = vec![b'a' + i; 100];
+        let raw = build_request(s.addr(), "POST", "/loop/headpieces", &ct, &body);
+        let head_len = raw.len() - body.len();
+        // The head a few bytes at a time (re-parsed only when a line ends), its last bytes
+        // together with the body.
+        let (head, rest) = raw.split_at(head_len - 3);
+        for piece in head.chunks(5) {
+            c.write_raw(piece).expect("write piece");
+        }
+        c.write_raw(rest).expect("write the rest");
+        let r = c.read_response(false).expect("answer");
+        assert_eq!(r.status, 204, "{}", r.describe());
+    }
+    let want: Vec<u8> = (0..3u8).flat_map(|i| vec![b'a' + i; 100]).collect();
+    assert_eq!(s.read_all("/loop/headpieces").0, want);
+}
+
+#[test]
 fn connection_close_is_answered_then_the_connection_ends() {
     let s = Server::start();
     assert_eq!(s.put("/loop/close", "text/plain", b"").status, 201);

@@ -61,12 +61,11 @@ pub(super) fn has_token(value: &[u8], token: &str) -> bool {
 /// A `Content-Length` value: ASCII digits only, no sign, no spaces inside.
 fn content_length(value: &[u8]) -> Option<usize> {
     let v = value.trim_ascii();
-    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+    // `parse` alone would also take a leading `+`.
+    if !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    v.iter().try_fold(0usize, |n, &d| {
-        n.checked_mul(10)?.checked_add(usize::from(d - b'0'))
-    })
+    std::str::from_utf8(v).ok()?.parse().ok()
 }
 
 /// Parses the head at the start of `buf` (see [`Parsed`]).

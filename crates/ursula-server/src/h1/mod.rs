@@ -24,7 +24,7 @@ mod answer;
 mod head;
 
 use crate::app::App;
-use crate::coarse_timer::{CoarseSleep, CoarseTimer};
+use crate::coarse_timer::CoarseSleep;
 use crate::http::Resp;
 use crate::server::Accepted;
 use answer::Framing;
@@ -44,14 +44,6 @@ use tokio::sync::watch;
 const READ_SIZE: usize = 8 * 1024;
 /// Bodies up to this size leave in the same write as their head.
 const INLINE_BODY: usize = 16 * 1024;
-
-/// How a wait for more bytes ended.
-enum Fill {
-    Read,
-    /// End of stream, a socket error, or the node shutting down.
-    Ended,
-    TimedOut,
-}
 
 /// Serves `stream` until it closes, or until a request for hyper arrives.
 pub async fn serve<H, F>(mut stream: TcpStream, conn: Accepted<H>)
@@ -81,15 +73,10 @@ where
                 return conn.serve_hyper(stream, buf.freeze()).await;
             }
             scanned = buf.len();
-            let waiting = Waiting {
-                timer: &app.timer,
-                limit: header_timeout,
-                deadline: &mut deadline,
-                shutdown: &mut shutdown,
-            };
-            match fill(&mut stream, &mut buf, waiting).await {
-                Fill::Read => {}
-                Fill::Ended | Fill::TimedOut => return,
+            // Taken when the first head byte is awaited; the timer slot only while a read waits.
+            let deadline = deadline.get_or_insert_with(|| app.timer.sleep(header_timeout));
+            if !fill(&mut stream, &mut buf, deadline, &mut shutdown).await {
+                return;
             }
         };
         if buf.len() < head.len() {
@@ -120,44 +107,27 @@ where
     }
 }
 
-/// What a wait for a head's bytes may take: its limit (counted from the first wait for the
-/// head; the timer slot is only taken when a read is pending), and the node's shutdown signal.
-struct Waiting<'a> {
-    timer: &'a CoarseTimer,
-    limit: Duration,
-    deadline: &'a mut Option<CoarseSleep>,
-    shutdown: &'a mut watch::Receiver<bool>,
-}
-
-/// Reads what the socket has into `buf`, waiting for it if it has nothing yet.
+/// Reads what the socket has into `buf`, waiting for it if it has nothing yet: false when the
+/// stream ended or failed, `deadline` passed or the node is shutting down (an idle connection
+/// ends with the node; a partial head is dropped with it).
 ///
 /// Through `AsyncRead` rather than `try_read`: a read that returns less than it asked for
 /// clears the socket's readiness there, so the next wait goes straight to epoll instead of
 /// first making a `recvfrom` that finds nothing (one syscall per request).
-async fn fill(stream: &mut TcpStream, buf: &mut BytesMut, w: Waiting<'_>) -> Fill {
-    let Waiting {
-        timer,
-        limit,
-        deadline,
-        shutdown,
-    } = w;
+async fn fill(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+    deadline: &mut CoarseSleep,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
     if buf.capacity() - buf.len() < READ_SIZE / 4 {
         buf.reserve(READ_SIZE);
     }
-    // Polled only when the read is pending: no timer slot for bytes that are already there.
-    let sleep = deadline.get_or_insert_with(|| timer.sleep(limit));
-    // An idle connection ends with the node; a partial head is dropped with it.
-    let stop = async {
-        let _ = shutdown.wait_for(|stopping| *stopping).await;
-    };
     tokio::select! {
         biased;
-        r = stream.read_buf(buf) => match r {
-            Ok(0) | Err(_) => Fill::Ended,
-            Ok(_) => Fill::Read,
-        },
-        () = sleep => Fill::TimedOut,
-        () = stop => Fill::Ended,
+        r = stream.read_buf(buf) => matches!(r, Ok(n) if n > 0),
+        () = deadline => false,
+        _ = shutdown.wait_for(|stopping| *stopping) => false,
     }
 }
 
