@@ -47,8 +47,21 @@ pub trait FsFile: Send + Sync + std::fmt::Debug {
         Ok(self.len()? == 0)
     }
     /// Allocates `[from, to)` by writing zeros over it (so later writes there change no
-    /// metadata); with `sync_each`, syncs after every megabyte. Counted as one *allocation*.
-    fn zero_fill(&self, from: u64, to: u64, sync_each: bool) -> io::Result<()>;
+    /// metadata), as `how` says. Counted as one *allocation*.
+    fn zero_fill(&self, from: u64, to: u64, how: ZeroFill<'_>) -> io::Result<()>;
+}
+
+/// How [`FsFile::zero_fill`] spreads its writes.
+pub enum ZeroFill<'a> {
+    /// Megabyte writes one after another, no sync (the caller syncs once).
+    Bulk,
+    /// Writes of `chunk` bytes, each synced; after each, `after(filled)` is told the bytes
+    /// filled so far and may pause (an error from it stops the fill). Keeps a fill beside a
+    /// live WAL from holding the disk for long at a time.
+    Paced {
+        chunk: usize,
+        after: &'a mut dyn FnMut(u64) -> io::Result<()>,
+    },
 }
 
 /// The operations the WAL and snapshot files need from a filesystem.
@@ -108,17 +121,20 @@ impl FsFile for RealFile {
     fn len(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
-    fn zero_fill(&self, from: u64, to: u64, sync_each: bool) -> io::Result<()> {
-        let chunk = vec![0u8; 1 << 20];
+    fn zero_fill(&self, from: u64, to: u64, mut how: ZeroFill<'_>) -> io::Result<()> {
+        let size = match &how {
+            ZeroFill::Bulk => 1 << 20,
+            ZeroFill::Paced { chunk, .. } => (*chunk).max(1),
+        };
+        let zeros = vec![0u8; size];
         let mut at = from;
         while at < to {
-            let n = chunk
-                .len()
-                .min(usize::try_from(to - at).unwrap_or(chunk.len()));
-            self.0.write_all_at(&chunk[..n], at)?;
+            let n = size.min(usize::try_from(to - at).unwrap_or(size));
+            self.0.write_all_at(&zeros[..n], at)?;
             at += n as u64;
-            if sync_each {
+            if let ZeroFill::Paced { after, .. } = &mut how {
                 self.0.sync_data()?;
+                after(at - from)?;
             }
         }
         Ok(())

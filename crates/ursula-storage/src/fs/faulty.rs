@@ -4,7 +4,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{FileSystem, FsFile, OpenMode, RealFs};
+use super::{FileSystem, FsFile, OpenMode, RealFs, ZeroFill};
 
 /// The operations a fault can be attached to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,9 +152,9 @@ impl FsFile for FaultyFile {
     fn len(&self) -> io::Result<u64> {
         self.inner.len()
     }
-    fn zero_fill(&self, from: u64, to: u64, sync_each: bool) -> io::Result<()> {
+    fn zero_fill(&self, from: u64, to: u64, how: ZeroFill<'_>) -> io::Result<()> {
         self.fs.check(FaultOp::Allocate, &self.path)?;
-        self.inner.zero_fill(from, to, sync_each)
+        self.inner.zero_fill(from, to, how)
     }
 }
 

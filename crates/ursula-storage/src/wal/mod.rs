@@ -2,6 +2,7 @@
 //!
 //! See the crate documentation for the on-disk format and the recovery rules.
 
+mod prepare;
 mod recovery;
 mod segment;
 mod writer;
@@ -179,6 +180,10 @@ struct Shared {
     /// Held for the whole of `remove_segments_before`.
     removal: Mutex<()>,
     disk_bytes: AtomicU64,
+    /// Bytes the writer has written since the WAL opened (paces the next segment's fill).
+    written_bytes: AtomicU64,
+    /// Set by a rotation that needs the next segment now: its fill stops pausing.
+    hurry_prepare: AtomicBool,
     sync_count: AtomicU64,
     closed: AtomicBool,
     /// The groups (bit `group % 64`) of the last batch whose next request the writer awaits
@@ -325,6 +330,8 @@ impl Wal {
             sealed: Mutex::new(sealed),
             removal: Mutex::new(()),
             disk_bytes: AtomicU64::new(disk_bytes),
+            written_bytes: AtomicU64::new(0),
+            hurry_prepare: AtomicBool::new(false),
             sync_count: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             awaited: AtomicU64::new(0),

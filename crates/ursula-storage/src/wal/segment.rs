@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Lsn, WalError};
 use crate::format::{SEGMENT_HEADER_LEN, encode_segment_header};
-use crate::fs::{FileSystem, FsFile, OpenMode, is_no_space};
+use crate::fs::{FileSystem, FsFile, OpenMode, ZeroFill, is_no_space};
 
 /// Name of the lock file that keeps two `Wal`s from opening the same directory.
 const LOCK_FILE_NAME: &str = "LOCK";
@@ -87,19 +87,6 @@ pub(super) fn has_room(fs: &dyn FileSystem, dir: &Path, bytes: u64, reserve: u64
         .map_or(true, |avail| avail >= bytes.saturating_add(reserve))
 }
 
-/// Writes `len` zero bytes to `path` and syncs it. Runs beside live appends, so it syncs every
-/// megabyte: tens of megabytes of dirty pages would make the WAL's next `fdatasync` (and every
-/// acknowledgement waiting on it) wait for their writeback.
-pub(super) fn prepare_segment(fs: &dyn FileSystem, path: &Path, len: u64) -> io::Result<()> {
-    let file = fs.open(path, OpenMode::CreateTruncate)?;
-    let res = file.zero_fill(0, len, true).and_then(|()| file.sync_all());
-    if res.is_err() {
-        // Never leave a half-allocated file holding space a full disk needs.
-        let _ = fs.remove_file(path);
-    }
-    res
-}
-
 /// Preallocates the rest of the active segment with zeros (durably), so appends overwrite
 /// allocated blocks instead of growing the file. Skipped (with a warning) when it would take
 /// the space kept in reserve, or when the disk is full: the segment then grows as it is
@@ -122,7 +109,7 @@ pub(super) fn preallocate_active(
     }
     match seg
         .file
-        .zero_fill(from, segment_bytes, false)
+        .zero_fill(from, segment_bytes, ZeroFill::Bulk)
         .and_then(|()| seg.file.sync_all())
     {
         Err(e) if is_no_space(&e) => {

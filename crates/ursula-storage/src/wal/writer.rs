@@ -342,6 +342,9 @@ impl Writer {
         self.batch_count = 0;
         self.active.len += written;
         self.shared.disk_bytes.fetch_add(written, Ordering::SeqCst);
+        self.shared
+            .written_bytes
+            .fetch_add(written, Ordering::Relaxed);
         if self.shared.fsync {
             self.active.file.sync_data().map_err(Failure::sync)?;
         }
@@ -355,14 +358,14 @@ impl Writer {
         self.flush()?;
         let fs = Arc::clone(&self.shared.fs);
         let dir = self.shared.dir.clone();
-        let ready = match self.next_segment.take() {
-            Some(h) if h.is_finished() => h.join().ok().and_then(Result::ok),
-            Some(h) => {
-                self.next_segment = Some(h);
-                None
-            }
-            None => None,
-        };
+        // A fill still running is told to go flat out: finishing it costs less than filling a
+        // fresh segment here.
+        self.shared.hurry_prepare.store(true, Ordering::Release);
+        let ready = self
+            .next_segment
+            .take()
+            .and_then(|h| h.join().ok())
+            .and_then(Result::ok);
         let new = match ready {
             Some(prepared) => adopt_segment(
                 fs.as_ref(),
@@ -385,9 +388,9 @@ impl Writer {
                 seg
             }
         };
-        self.prepare_next();
         self.shared.disk_bytes.fetch_add(new.len, Ordering::SeqCst);
         let old = std::mem::replace(&mut self.active, new);
+        self.prepare_next();
         // Give back the preallocated space the sealed segment did not use.
         if let Err(e) = old.file.set_len(old.len) {
             tracing::warn!(error = %e, path = %old.path.display(), "wal: could not trim a sealed segment");
@@ -402,25 +405,26 @@ impl Writer {
 
     /// Starts zero-filling the next segment in the background, so that rotating to it is a
     /// rename and every later `fdatasync` only has data to flush: writing inside an allocated,
-    /// already-written file changes no metadata, which halves the IOs per sync on ext4.
-    /// Skipped when it would take the space kept in reserve: preallocation never takes the last
-    /// free space.
+    /// already-written file changes no metadata, which halves the IOs per sync on ext4. The
+    /// fill is paced to keep out of the WAL's way (`prepare`). Skipped when it would take the
+    /// space kept in reserve: preallocation never takes the last free space.
     fn prepare_next(&mut self) {
         if !self.shared.fsync || self.next_segment.is_some() {
             return;
         }
-        let fs = Arc::clone(&self.shared.fs);
-        let dir = self.shared.dir.clone();
         let len = self.segment_bytes;
-        if !has_room(fs.as_ref(), &dir, len, self.reserve_bytes) {
+        if !has_room(
+            self.shared.fs.as_ref(),
+            &self.shared.dir,
+            len,
+            self.reserve_bytes,
+        ) {
             tracing::info!("wal: not preparing the next segment: free space is low");
             return;
         }
-        let path = dir.join(PREPARED_SEGMENT_NAME);
-        self.next_segment = thread::Builder::new()
-            .name("ursula-wal-prep".into())
-            .spawn(move || super::segment::prepare_segment(fs.as_ref(), &path, len).map(|()| path))
-            .ok();
+        let path = self.shared.dir.join(PREPARED_SEGMENT_NAME);
+        let room = self.segment_bytes.saturating_sub(self.active.len);
+        self.next_segment = super::prepare::spawn(&self.shared, path, len, room).ok();
     }
 
     /// Deletes the prepared next segment (if it is ready) to give its space back to a full disk.
