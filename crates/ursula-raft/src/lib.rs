@@ -111,8 +111,8 @@ pub use log_store::LogStore;
 pub use metrics::GroupMetrics;
 pub use network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError, send_each};
 pub use node::{
-    AllowError, Allowed, Node, NodeConfig, RaftTiming, ShedState, StallClock, StallWatch,
-    TransferError, observe_stall, shed, stalled_for,
+    AllowError, Allowed, COMMIT_LINGER, Node, NodeConfig, RaftTiming, ShedState, StallClock,
+    StallWatch, TransferError, observe_stall, shed, stalled_for,
 };
 pub use state_machine::{SnapshotBuilder, StateMachine};
 pub use types::{Batch, BatchResponse, TypeConfig};

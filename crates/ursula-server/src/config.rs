@@ -58,6 +58,10 @@ pub struct Config {
     pub write_stall_timeout_ms: u64,
     /// Raft log entries between state-machine snapshots. Default: 20000.
     pub snapshot_logs: u64,
+    /// Microseconds a one-voter group's next batch may wait for the writers its previous
+    /// batch answered, so that one WAL sync carries them all (0: never; at most 10000).
+    /// Default: 250.
+    pub commit_linger_us: u64,
     /// Origins allowed by CORS (`*` for any; empty disables CORS). Default: ["*"].
     pub cors_allowed_origins: Vec<String>,
     /// Public base URL used in `Location` headers. Default: from the Host header.
@@ -419,6 +423,7 @@ impl Default for Config {
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             snapshot_logs: 20_000,
+            commit_linger_us: ursula_raft::COMMIT_LINGER.as_micros() as u64,
             cors_allowed_origins: vec!["*".to_owned()],
             public_url: None,
             allowed_hosts: Vec::new(),
@@ -461,6 +466,11 @@ impl Config {
         anyhow::ensure!(
             self.snapshot_logs >= 100,
             "snapshot_logs must be at least 100"
+        );
+        anyhow::ensure!(
+            self.commit_linger_us <= 10_000,
+            "commit_linger_us must be at most 10000 (10 ms), got {}",
+            self.commit_linger_us
         );
         anyhow::ensure!(
             self.send_buffer_bytes == 0

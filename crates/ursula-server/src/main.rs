@@ -145,6 +145,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         cluster_id: cfg.server.cluster_id.clone(),
         timing: cfg.raft.timing(),
         rpc_batching: cfg.raft.rpc_batching.unwrap_or(true),
+        commit_linger: std::time::Duration::from_micros(cfg.commit_linger_us),
     })
     .await
     .map_err(|e| anyhow::anyhow!("cannot open data dir {}: {e}", cfg.data_dir.display()))?;

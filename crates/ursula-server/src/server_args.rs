@@ -59,6 +59,10 @@ pub struct ServerArgs {
     /// Raft log entries between state-machine snapshots [default: 20000].
     #[arg(long, env = "URSULA_SNAPSHOT_LOGS")]
     snapshot_logs: Option<u64>,
+    /// Microseconds a single node's next write batch may wait for the writers the previous
+    /// batch answered, so that one sync carries them all; 0 never waits [default: 250].
+    #[arg(long, env = "URSULA_COMMIT_LINGER_US")]
+    commit_linger_us: Option<u64>,
     /// Public base URL for Location headers [default: from the Host header].
     #[arg(long, env = "URSULA_PUBLIC_URL")]
     public_url: Option<String>,
@@ -172,6 +176,9 @@ impl ServerArgs {
         }
         if let Some(v) = self.snapshot_logs {
             c.snapshot_logs = v;
+        }
+        if let Some(v) = self.commit_linger_us {
+            c.commit_linger_us = v;
         }
         if let Some(v) = self.http1_own_path {
             c.http1_own_path = v;

@@ -30,11 +30,14 @@ pub(super) async fn run_batcher(
     inflight: Arc<Semaphore>,
     mut stop: watch::Receiver<bool>,
     wal: ursula_storage::Wal,
+    linger: Duration,
 ) {
     let health = Arc::clone(wal.health());
     let mut stopping = false;
     // A proposal taken from the queue that did not fit in the previous batch.
     let mut carry: Option<Pending> = None;
+    // Proposals the previous batch carried (their answers just went out).
+    let mut answered = 0usize;
     loop {
         // Seen here too, not only while waiting: a queue that never runs empty must not keep
         // the batcher from stopping.
@@ -79,8 +82,18 @@ pub(super) async fn run_batcher(
         // queued already (they gathered while the previous batch was in flight): the tasks
         // ready then are mostly that batch's answers, and the WAL sync this batch waits for
         // should not wait for them too.
+        let sole = sole_voter(&raft);
         if waited {
             tokio::task::yield_now().await;
+        } else if sole && !stopping && answered > 1 && !linger.is_zero() {
+            // Group commit for closed-loop writers: the proposals queued now gathered while
+            // the previous batch synced; the writers it just answered are about to send their
+            // next ones. Wait (a little) for as many as it carried, so that one sync takes
+            // them all instead of this batch syncing a few and the next the rest.
+            let until = Instant::now() + linger;
+            while keep_lingering(rx.len() + 1, answered, Instant::now(), until) {
+                tokio::task::yield_now().await;
+            }
         }
         let mut bytes = first.size;
         let mut cmds = vec![first.cmd];
@@ -103,7 +116,7 @@ pub(super) async fn run_batcher(
         // the answer follows the local sync when this node is the group's only voter. (With
         // peers the answer waits for a quorum's round trip; the WAL must not hold other
         // groups' entries, followers' included, for that.)
-        if sole_voter(&raft) {
+        if sole {
             wal.expect_next(group);
         }
         match raft.client_write_ff(Batch(cmds)).await {
@@ -113,6 +126,7 @@ pub(super) async fn run_batcher(
             // gathers what queues meanwhile.
             Ok(resp) => {
                 let result = resp.await;
+                answered = txs.len();
                 deliver(group, &raft, &health, result, txs);
                 drop(permit);
             }
@@ -180,6 +194,12 @@ fn deliver(
     }
 }
 
+/// Whether a batch of `queued` proposals should wait for more: fewer are queued than the
+/// previous batch carried (`answered`), and the linger has not run out.
+fn keep_lingering(queued: usize, answered: usize, now: Instant, until: Instant) -> bool {
+    queued < answered && now < until
+}
+
 /// Whether this node is the group's only voter (a single node).
 fn sole_voter(raft: &Raft) -> bool {
     let m = raft.metrics();
@@ -190,4 +210,27 @@ fn sole_voter(raft: &Raft) -> bool {
 
 fn raft_id(raft: &Raft) -> u64 {
     raft.metrics().borrow().id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_lingering;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_batch_lingers_only_until_the_answered_writers_are_back_or_time_is_up() {
+        let now = Instant::now();
+        let until = now + Duration::from_micros(250);
+        assert!(keep_lingering(3, 16, now, until));
+        assert!(
+            !keep_lingering(16, 16, now, until),
+            "every answered writer is back"
+        );
+        assert!(!keep_lingering(20, 16, now, until));
+        assert!(!keep_lingering(3, 16, until, until), "the linger ran out");
+        assert!(
+            !keep_lingering(1, 1, now, until),
+            "one answered, one queued"
+        );
+    }
 }

@@ -102,7 +102,14 @@ pub struct NodeConfig {
     pub timing: RaftTiming,
     /// Send the small RPCs of many groups to a peer in batches (`coalesce.rs`). Default: on.
     pub rpc_batching: bool,
+    /// How long a one-voter group's next batch may wait for the writers its previous batch
+    /// answered, so that one sync carries them all (`batcher.rs`). Zero: never. Default:
+    /// [`COMMIT_LINGER`].
+    pub commit_linger: Duration,
 }
+
+/// Default [`NodeConfig::commit_linger`]: about two fast syncs on the benchmark VM's disk.
+pub const COMMIT_LINGER: Duration = Duration::from_micros(250);
 
 impl std::fmt::Debug for NodeConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -120,6 +127,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("cluster_id", &self.cluster_id)
             .field("timing", &self.timing)
             .field("rpc_batching", &self.rpc_batching)
+            .field("commit_linger", &self.commit_linger)
             .finish()
     }
 }
@@ -141,6 +149,7 @@ impl NodeConfig {
             cluster_id: None,
             timing: RaftTiming::default(),
             rpc_batching: true,
+            commit_linger: COMMIT_LINGER,
         }
     }
 }
@@ -269,6 +278,7 @@ impl Node {
                 Arc::clone(&inflight),
                 stop.subscribe(),
                 wal.clone(),
+                cfg.commit_linger,
             )));
             let opened_term = raft.metrics().borrow().current_term;
             groups.push(Group {
