@@ -85,11 +85,13 @@ pub(super) async fn run_batcher(
         let sole = sole_voter(&raft);
         if waited {
             tokio::task::yield_now().await;
-        } else if sole && !stopping && answered > 1 && !linger.is_zero() {
+        } else if sole && !stopping && answered > 1 && !linger.is_zero() && !wal.awaits(group) {
             // Group commit for closed-loop writers: the proposals queued now gathered while
             // the previous batch synced; the writers it just answered are about to send their
             // next ones. Wait (a little) for as many as it carried, so that one sync takes
-            // them all instead of this batch syncing a few and the next the rest.
+            // them all instead of this batch syncing a few and the next the rest. Not when
+            // the WAL holds its next sync for this group (a sync shared by several groups):
+            // the writer's wait already gathers them, and this one would only delay it.
             let until = Instant::now() + linger;
             while keep_lingering(rx.len() + 1, answered, Instant::now(), until) {
                 tokio::task::yield_now().await;

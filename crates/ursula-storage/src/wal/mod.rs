@@ -453,6 +453,12 @@ impl Wal {
         }
     }
 
+    /// Whether the writer holds its next sync for `group`'s next entry (it does after a
+    /// batch of several announced groups): that entry should then be sent without delay.
+    pub fn awaits(&self, group: u32) -> bool {
+        self.inner.shared.awaited.load(Ordering::Acquire) & writer::Groups::bit(group) != 0
+    }
+
     /// `group`'s proposer has nothing queued: the writer does not wait for it.
     pub fn release(&self, group: u32) {
         let bit = writer::Groups::bit(group);
