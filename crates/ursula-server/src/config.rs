@@ -530,6 +530,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn commit_linger_is_read_from_the_file_and_bounded() {
+        let parse = |t: &str| toml::from_str::<Config>(t).expect("parse");
+        assert_eq!(parse("").commit_linger_us, 250);
+        let off = parse("commit_linger_us = 0\n");
+        off.validate().expect("0 turns the linger off");
+        assert_eq!(off.commit_linger_us, 0);
+        parse("commit_linger_us = 10000\n")
+            .validate()
+            .expect("10 ms is allowed");
+        let err = parse("commit_linger_us = 10001\n").validate().unwrap_err();
+        assert!(err.to_string().contains("commit_linger_us"), "{err}");
+    }
+
+    #[test]
     fn cold_health_marks_are_checked_against_the_flush_settings() {
         let peers = "[[raft.peers]]\nnode_id = 1\nurl = \"http://127.0.0.1:1\"\n\
                      [[raft.peers]]\nnode_id = 2\nurl = \"http://127.0.0.1:2\"\n\

@@ -184,6 +184,8 @@ struct Shared {
     written_bytes: AtomicU64,
     /// Set by a rotation that needs the next segment now: its fill stops pausing.
     hurry_prepare: AtomicBool,
+    /// [`prepare::MIN_RATE`] (tests lower it).
+    prepare_min_rate: AtomicU64,
     sync_count: AtomicU64,
     closed: AtomicBool,
     /// The groups (bit `group % 64`) of the last batch whose next request the writer awaits
@@ -332,6 +334,7 @@ impl Wal {
             disk_bytes: AtomicU64::new(disk_bytes),
             written_bytes: AtomicU64::new(0),
             hurry_prepare: AtomicBool::new(false),
+            prepare_min_rate: AtomicU64::new(prepare::MIN_RATE),
             sync_count: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             awaited: AtomicU64::new(0),

@@ -12,8 +12,9 @@
 //!
 //! The pace follows the WAL: the fill aims to be done when the WAL has used half of the room
 //! the active segment had when the fill began, at the rate the WAL has written since, and
-//! never goes slower than [`MIN_RATE`]. A closing WAL stops the fill (the partial file is
-//! deleted, as after any failed preparation).
+//! never goes slower than [`MIN_RATE`]. A rotation that finds the fill unfinished tells it to
+//! stop pausing and waits for it (`Shared::hurry_prepare`); a closing WAL stops it (the partial
+//! file is deleted, as after any failed preparation).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -27,8 +28,9 @@ use crate::fs::{FileSystem, OpenMode, ZeroFill};
 
 /// Bytes written (and synced) between pauses.
 pub(super) const CHUNK: usize = 256 << 10;
-/// The slowest fill: 64 MiB in two seconds.
-pub(super) const MIN_RATE: f64 = 32.0 * 1024.0 * 1024.0;
+/// The slowest fill, in bytes per second: 64 MiB in two seconds (`Shared::prepare_min_rate`;
+/// tests lower it).
+pub(super) const MIN_RATE: u64 = 32 << 20;
 /// Pauses are slept in slices this long, so that a closing WAL is noticed soon.
 const SLICE: Duration = Duration::from_millis(10);
 /// The WAL's rate is measured over at least this long (a fill's first chunks would otherwise
@@ -38,12 +40,14 @@ const MIN_WINDOW: Duration = Duration::from_millis(100);
 /// How long to pause after a chunk of the fill.
 ///
 /// `left`: bytes still to fill; `room`: bytes the active segment can still take; `wal_rate`:
-/// bytes per second the WAL is writing; `took`: how long the chunk's write and sync took.
+/// bytes per second the WAL is writing; `min_rate`: the slowest fill; `took`: how long the
+/// chunk's write and sync took.
 pub(super) fn pause_after_chunk(
     chunk: u64,
     left: u64,
     room: u64,
     wal_rate: f64,
+    min_rate: f64,
     took: Duration,
 ) -> Duration {
     if left == 0 || room == 0 {
@@ -52,9 +56,9 @@ pub(super) fn pause_after_chunk(
     let rate = if wal_rate > 0.0 {
         // Done when the WAL has used half of the room left.
         let time_left = room as f64 / wal_rate / 2.0;
-        (left as f64 / time_left).max(MIN_RATE)
+        (left as f64 / time_left).max(min_rate)
     } else {
-        MIN_RATE
+        min_rate
     };
     Duration::from_secs_f64(chunk as f64 / rate).saturating_sub(took)
 }
@@ -95,6 +99,7 @@ impl Pace {
             self.len.saturating_sub(filled),
             self.room_at_start.saturating_sub(wal_bytes),
             wal_bytes as f64 / window.as_secs_f64(),
+            self.shared.prepare_min_rate.load(Ordering::Relaxed).max(1) as f64,
             now.duration_since(self.chunk_started),
         );
         let until = now + pause;
@@ -116,7 +121,7 @@ impl Pace {
     }
 }
 
-/// Starts zero-filling `len` bytes at `dir/name` on a thread of its own; `room`: bytes the
+/// Starts zero-filling `len` bytes at `path` on a thread of its own; `room`: bytes the
 /// active segment can still take. The thread returns the file's path once it is durable.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
@@ -176,9 +181,43 @@ mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
     use super::*;
     use crate::wal::segment::PREPARED_SEGMENT_NAME;
-    use crate::wal::{Wal, WalOptions};
+    use crate::wal::{Wal, WalOptions, WalRecord};
 
     const MIB: u64 = 1 << 20;
+    const MIN: f64 = MIN_RATE as f64;
+
+    #[test]
+    fn a_rotation_does_not_wait_for_a_slow_paced_fill() {
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = WalOptions {
+            segment_bytes: 8 * MIB,
+            ..Default::default()
+        };
+        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        // At 1 MiB/s the next segment's fill would take eight seconds.
+        wal.inner
+            .shared
+            .prepare_min_rate
+            .store(MIB, Ordering::Relaxed);
+        let rec = |len: usize| WalRecord {
+            group: 0,
+            kind: 0,
+            payload: vec![7; len],
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(wal.append(vec![rec(100)])).unwrap();
+        // Larger than the room left: the active segment rotates now, mid-fill.
+        let started = Instant::now();
+        rt.block_on(wal.append(vec![rec(9 << 20)])).unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(4),
+            "the rotation waited {took:?}"
+        );
+        wal.close();
+    }
 
     #[test]
     fn closing_the_wal_stops_a_paced_fill_and_deletes_its_file() {
@@ -210,23 +249,24 @@ mod tests {
 
     #[test]
     fn an_idle_wal_gets_its_next_segment_at_the_slowest_pace() {
-        let p = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, 0.0, Duration::ZERO);
-        let expected = CHUNK as f64 / MIN_RATE;
+        let p = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, 0.0, MIN, Duration::ZERO);
+        let expected = CHUNK as f64 / MIN;
         assert!((p.as_secs_f64() - expected).abs() < 1e-6, "{p:?}");
     }
 
     #[test]
     fn the_time_a_chunk_took_counts_against_its_pause() {
-        let full = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, 0.0, Duration::ZERO);
+        let full = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, 0.0, MIN, Duration::ZERO);
         let less = pause_after_chunk(
             CHUNK as u64,
             64 * MIB,
             64 * MIB,
             0.0,
+            MIN,
             Duration::from_millis(3),
         );
         assert_eq!(full - less, Duration::from_millis(3));
-        let none = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, 0.0, full * 2);
+        let none = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, 0.0, MIN, full * 2);
         assert_eq!(none, Duration::ZERO);
     }
 
@@ -235,7 +275,7 @@ mod tests {
         // 100 MiB/s into 64 MiB of room: full in 0.64 s, so the fill (64 MiB) must go at
         // 200 MiB/s, above the slowest pace.
         let rate = 100.0 * MIB as f64;
-        let p = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, rate, Duration::ZERO);
+        let p = pause_after_chunk(CHUNK as u64, 64 * MIB, 64 * MIB, rate, MIN, Duration::ZERO);
         let expected = CHUNK as f64 / (2.0 * rate);
         assert!((p.as_secs_f64() - expected).abs() < 1e-6, "{p:?}");
     }
@@ -243,17 +283,17 @@ mod tests {
     #[test]
     fn a_full_active_segment_or_a_finished_fill_does_not_pause() {
         let z = Duration::ZERO;
-        assert_eq!(pause_after_chunk(CHUNK as u64, 8 * MIB, 0, 1e6, z), z);
-        assert_eq!(pause_after_chunk(CHUNK as u64, 0, 8 * MIB, 1e6, z), z);
+        assert_eq!(pause_after_chunk(CHUNK as u64, 8 * MIB, 0, 1e6, MIN, z), z);
+        assert_eq!(pause_after_chunk(CHUNK as u64, 0, 8 * MIB, 1e6, MIN, z), z);
     }
 
     #[test]
     fn the_pause_never_exceeds_the_slowest_pace() {
         for room in [MIB, 64 * MIB, 1 << 40] {
             for rate in [0.0, 1.0, 1e3, 1e9] {
-                let p = pause_after_chunk(CHUNK as u64, 64 * MIB, room, rate, Duration::ZERO);
+                let p = pause_after_chunk(CHUNK as u64, 64 * MIB, room, rate, MIN, Duration::ZERO);
                 assert!(
-                    p.as_secs_f64() <= CHUNK as f64 / MIN_RATE + 1e-9,
+                    p.as_secs_f64() <= CHUNK as f64 / MIN + 1e-9,
                     "{room} {rate}"
                 );
             }

@@ -575,6 +575,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_wal_tells_which_groups_it_holds_its_next_sync_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = after_a_batch_of_groups_1_and_2(dir.path()).await;
+        assert!(wal.awaits(1) && wal.awaits(2));
+        assert!(!wal.awaits(3), "group 3 was not in the batch");
+        wal.release(2);
+        assert!(!wal.awaits(2), "a released group is not waited for");
+        // A batch of one group: the writer holds nothing for the next.
+        wal.append(vec![record(1)]).await.unwrap();
+        assert!(!wal.awaits(1));
+    }
+
+    #[tokio::test]
     async fn a_batch_over_the_await_bound_is_not_waited_after() {
         let dir = tempfile::tempdir().unwrap();
         let wal = patient_wal(dir.path());
