@@ -110,6 +110,10 @@ pub struct AppendArgs {
     /// (omit: no CPU figures).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// List the requests slower than this (e.g. 2ms), grouped into bursts of overlapping
+    /// ones: when the tail comes from (omit: no list).
+    #[arg(long, value_parser = parse_duration)]
+    pub slow_over: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Args)]

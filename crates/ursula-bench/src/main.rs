@@ -11,6 +11,7 @@ mod report;
 mod scenarios;
 mod smoke;
 mod sse;
+mod stalls;
 mod stats;
 mod target;
 

@@ -61,6 +61,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &SmokeArgs, quiet: bool) -> Result<boo
         warmup,
         producer: false,
         server_pid: args.server_pid,
+        slow_over: None,
     };
     step!("append", append::run(ep.clone(), &a));
     let ap = AppendArgs {

@@ -20,6 +20,7 @@ use crate::client::{
 };
 use crate::procfs::{CpuProbe, ServerCpu, fmt_cpu};
 use crate::report::{Header, fmt_latency, fmt_num, kv_table};
+use crate::stalls::{Slow, Stalls};
 use crate::stats::{Errors, Histogram, Latency};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,6 +43,9 @@ pub struct AppendReport {
     pub reconnects: u64,
     /// Server CPU over the measured window, per acknowledged append.
     pub server_cpu: Option<ServerCpu>,
+    /// With `--slow-over`: the slow appends, in bursts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalls: Option<Stalls>,
 }
 
 impl AppendReport {
@@ -51,26 +55,29 @@ impl AppendReport {
         } else {
             "append"
         };
-        kv_table(
-            title,
-            &[
-                ("target", self.header.target.clone()),
-                (
-                    "shape",
-                    format!(
-                        "{} streams, {} conns, {} B",
-                        self.streams, self.connections, self.body_size
-                    ),
+        let mut rows = vec![
+            ("target", self.header.target.clone()),
+            (
+                "shape",
+                format!(
+                    "{} streams, {} conns, {} B",
+                    self.streams, self.connections, self.body_size
                 ),
-                ("appends/s", fmt_num(self.appends_per_s)),
-                ("MB/s", fmt_num(self.mb_per_s)),
-                ("latency", fmt_latency(&self.latency)),
-                ("errors", self.errors.summary()),
-                ("reconnects", self.reconnects.to_string()),
-                ("redirects", self.header.redirects.to_string()),
-                ("server CPU", fmt_cpu(&self.server_cpu)),
-            ],
-        )
+            ),
+            ("appends/s", fmt_num(self.appends_per_s)),
+            ("MB/s", fmt_num(self.mb_per_s)),
+            ("latency", fmt_latency(&self.latency)),
+            ("errors", self.errors.summary()),
+            ("reconnects", self.reconnects.to_string()),
+            ("redirects", self.header.redirects.to_string()),
+            ("server CPU", fmt_cpu(&self.server_cpu)),
+        ];
+        if let Some(s) = &self.stalls {
+            for (i, line) in s.lines().into_iter().enumerate() {
+                rows.push((if i == 0 { "slow appends" } else { "" }, line));
+            }
+        }
+        kv_table(title, &rows)
     }
 
     pub fn problems(&self) -> Vec<String> {
@@ -90,6 +97,7 @@ struct TaskResult {
     ok: u64,
     errors: Errors,
     reconnects: u64,
+    slow: Vec<Slow>,
 }
 
 pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
@@ -116,8 +124,9 @@ pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
         let body = body.clone();
         let producer = args.producer.then(|| format!("bench-{run}-c{i}"));
         let conns = args.connections;
+        let slow_over = args.slow_over;
         tasks.push(tokio::spawn(async move {
-            connection_loop(ep, uris, body, producer, i, conns, window).await
+            connection_loop(ep, uris, body, producer, (i, conns), window, slow_over).await
         }));
     }
     let mut hist = Histogram::new();
@@ -125,8 +134,10 @@ pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
     errors.add_n("create", rejected);
     let mut ok = 0;
     let mut reconnects = 0;
+    let mut slow = Vec::new();
     for t in tasks {
-        let r = t.await??;
+        let mut r = t.await??;
+        slow.append(&mut r.slow);
         hist.merge(&r.hist);
         errors.merge(&r.errors);
         ok += r.ok;
@@ -148,6 +159,9 @@ pub async fn run(ep: Arc<Endpoint>, args: &AppendArgs) -> Result<AppendReport> {
         errors,
         reconnects,
         server_cpu,
+        stalls: args
+            .slow_over
+            .map(|t| Stalls::from_slow(t.as_micros() as u64, slow)),
     })
 }
 
@@ -156,15 +170,16 @@ async fn connection_loop(
     uris: Arc<[http::Uri]>,
     body: Bytes,
     producer: Option<String>,
-    index: usize,
-    conns: usize,
+    (index, conns): (usize, usize),
     window: Window,
+    slow_over: Option<Duration>,
 ) -> Result<TaskResult> {
     let n = uris.len();
     let mut conn = Conn::new(ep.clone());
     let mut hist = Histogram::new();
     let mut errors = Errors::default();
     let mut ok = 0u64;
+    let mut slow = Vec::new();
     let producer_id = match &producer {
         Some(p) => Some(HeaderValue::try_from(p.as_str())?),
         None => None,
@@ -199,7 +214,14 @@ async fn connection_loop(
                 }
                 if window.counts(started, finished) {
                     ok += 1;
-                    hist.record((finished - started).as_nanos() as u64);
+                    let took = finished - started;
+                    hist.record(took.as_nanos() as u64);
+                    if slow_over.is_some_and(|t| took > t) {
+                        slow.push(Slow {
+                            start_us: (started - window.start).as_micros() as u64,
+                            latency_us: took.as_micros() as u64,
+                        });
+                    }
                 }
             }
             Ok(Ok((parts, _))) => {
@@ -241,5 +263,6 @@ async fn connection_loop(
         ok,
         errors,
         reconnects: conn.reconnects(),
+        slow,
     })
 }

@@ -96,6 +96,7 @@ pub async fn run(ep: Arc<Endpoint>, args: &MixedArgs) -> Result<MixedReport> {
         warmup: args.warmup,
         producer: false,
         server_pid: None,
+        slow_over: None,
     };
     let r = ReadArgs {
         streams: 10,
