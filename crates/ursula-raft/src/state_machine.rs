@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use ursula_core::GroupState;
 use ursula_core::command::Affects;
 use ursula_storage::fs::FileSystem;
+use ursula_storage::pace::Pace;
 use ursula_storage::{StorageHealth, Wal, snapshot_file};
 
 use crate::codec::{self, SNAPSHOT_FORMAT, SnapshotHeader};
@@ -90,7 +91,7 @@ impl SnapshotStore {
         if file.written.is_some() && last < file.written {
             return Ok(());
         }
-        snapshot_file::write_atomic(self.fs.as_ref(), &self.path, payload)
+        snapshot_file::write_atomic(self.fs.as_ref(), &self.path, payload, Pace::BACKGROUND)
             .map_err(|e| e.to_string())?;
         file.written = last;
         self.bytes.store(payload.len() as u64, Ordering::Relaxed);

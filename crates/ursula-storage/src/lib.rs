@@ -6,6 +6,8 @@
 //!   writer thread drains every queued append, writes the whole batch with one `write`, calls
 //!   `fdatasync` once, then completes every append in the batch.
 //! * [`snapshot_file`]: atomic, checksummed single-blob files for state-machine snapshots.
+//! * [`pace`]: background writes (snapshots, local cold objects) paced so the WAL's syncs do
+//!   not queue behind them.
 //! * [`chunk_object`]: the block-checksummed layout of cold chunk objects (pure).
 //! * [`cold`]: the cold tier's object store ([`cold::ColdStore`] over `object_store`: local
 //!   directory, S3, memory), its configuration, object framing, fault twin and conformance suite.
@@ -105,6 +107,7 @@ pub mod cold;
 mod format;
 pub mod fs;
 pub mod health;
+pub mod pace;
 pub mod snapshot_file;
 pub mod wal;
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use crate::format::{read_u32, read_u64};
 use crate::fs::{FileSystem, OpenMode};
+use crate::pace::Pace;
 use crate::wal::WalError;
 
 const MAGIC: [u8; 8] = *b"URSULASN";
@@ -29,14 +30,16 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// Bytes written between syncs while writing a blob (see [`write_atomic`]).
-const SYNC_PIECE_BYTES: usize = 2 << 20;
-
 /// Atomically replaces `path` with a checksummed blob holding `payload`:
-/// writes `path.tmp`, fsyncs it, renames it over `path`, and fsyncs the directory. On any
-/// failure the temporary file is removed (a full disk needs its space back) and `path` is
-/// untouched.
-pub fn write_atomic(fs: &dyn FileSystem, path: &Path, payload: &[u8]) -> Result<(), WalError> {
+/// writes `path.tmp` at `pace`, fsyncs it, renames it over `path`, and fsyncs the directory.
+/// On any failure the temporary file is removed (a full disk needs its space back) and
+/// `path` is untouched.
+pub fn write_atomic(
+    fs: &dyn FileSystem,
+    path: &Path,
+    payload: &[u8],
+    pace: Pace,
+) -> Result<(), WalError> {
     let mut header = [0u8; HEADER_LEN];
     header[0..8].copy_from_slice(&MAGIC);
     header[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -46,19 +49,18 @@ pub fn write_atomic(fs: &dyn FileSystem, path: &Path, payload: &[u8]) -> Result<
     let tmp = tmp_path(path);
     let result = (|| -> io::Result<()> {
         let file = fs.open(&tmp, OpenMode::CreateTruncate)?;
-        file.write_all_at(&header, 0)?;
-        // Sync as we go: a large blob written in one piece leaves tens of megabytes of dirty
-        // pages, and the WAL's next fdatasync (every acknowledged write) would wait behind
-        // their writeback. Piecewise, a WAL sync waits for at most one piece.
-        let mut at = HEADER_LEN as u64;
-        let mut pieces = payload.chunks(SYNC_PIECE_BYTES).peekable();
-        while let Some(piece) = pieces.next() {
-            file.write_all_at(piece, at)?;
-            at += piece.len() as u64;
-            if pieces.peek().is_some() {
-                file.sync_data()?;
-            }
-        }
+        // Synced as it goes (`Pace`): a blob written in one piece would leave megabytes of
+        // dirty pages for the WAL's next fdatasync to wait behind.
+        let mut at = 0u64;
+        pace.write(
+            [&header[..], payload],
+            |piece| {
+                file.write_all_at(piece, at)?;
+                at += piece.len() as u64;
+                Ok(())
+            },
+            || file.sync_data(),
+        )?;
         file.sync_all()?;
         drop(file);
         fs.rename(&tmp, path)?;
@@ -150,7 +152,7 @@ mod tests {
     use std::fs;
 
     fn write_atomic(path: &Path, payload: &[u8]) -> Result<(), WalError> {
-        super::write_atomic(&RealFs, path, payload)
+        super::write_atomic(&RealFs, path, payload, Pace::FLAT)
     }
 
     fn read_checked(path: &Path) -> Result<Option<Vec<u8>>, WalError> {
@@ -170,12 +172,12 @@ mod tests {
             (FaultOp::Rename, EIO),
         ] {
             fs.fail(op, 1, 1, errno);
-            let err = super::write_atomic(&fs, &path, b"new").unwrap_err();
+            let err = super::write_atomic(&fs, &path, b"new", Pace::FLAT).unwrap_err();
             assert!(matches!(err, WalError::Io(_)), "{op:?}: {err}");
             assert_eq!(read_checked(&path).unwrap().unwrap(), b"old", "{op:?}");
             assert!(!tmp_path(&path).exists(), "{op:?}");
         }
-        super::write_atomic(&fs, &path, b"new").unwrap();
+        super::write_atomic(&fs, &path, b"new", Pace::FLAT).unwrap();
         assert_eq!(read_checked(&path).unwrap().unwrap(), b"new");
     }
 
@@ -192,6 +194,24 @@ mod tests {
         write_atomic(&path, &big).unwrap();
         assert_eq!(read_checked(&path).unwrap().unwrap(), big);
         assert!(!tmp_path(&path).exists());
+    }
+
+    #[test]
+    fn a_paced_blob_is_synced_piece_by_piece_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snap.bin");
+        let fs = FaultyFs::new();
+        let pace = Pace {
+            piece: 64 << 10,
+            rate: 256 << 20,
+            longest: std::time::Duration::from_secs(1),
+        };
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i * 13) as u8).collect();
+        super::write_atomic(&fs, &path, &big, pace).unwrap();
+        assert_eq!(read_checked(&path).unwrap().unwrap(), big);
+        // 1,000,024 bytes: 15 syncs between pieces of 64 KiB, then the file's and the
+        // directory's.
+        assert_eq!(fs.count(FaultOp::Sync), 17);
     }
 
     #[test]

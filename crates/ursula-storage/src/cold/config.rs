@@ -1,6 +1,7 @@
 //! `[storage.cold]` configuration (cluster.md §7.5) and the construction of the store it names.
 
 use super::{ColdError, ColdStore, ObjectColdStore};
+use crate::pace::Pace;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -596,9 +597,9 @@ impl ColdConfig {
                 // are read through the store, never mapped (a mapping of a file truncated
                 // elsewhere faults).
                 let store = if self.local.shared {
-                    ObjectColdStore::new(fs, self.root.as_deref(), "local")
+                    ObjectColdStore::local_shared(fs, self.root.as_deref(), Pace::BACKGROUND)
                 } else {
-                    ObjectColdStore::local(fs, self.root.as_deref())
+                    ObjectColdStore::local(fs, self.root.as_deref(), Pace::BACKGROUND)
                 };
                 let store = store.map_err(ColdConfigError::InvalidRoot)?;
                 return Ok(Some(Arc::new(store)));

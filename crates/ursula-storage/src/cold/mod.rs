@@ -7,6 +7,7 @@
 //! - [`body`]: [`Body`], an object's bytes in pieces that are sent without copying.
 //! - [`error`]: [`ColdError`], the conditions callers branch on.
 //! - [`object`]: the frame (magic, version, length, checksum) every object format uses.
+//! - `local_put`: the `local` backend's conditional create, written at a background pace.
 //! - [`staging`]: the sweep of `local` staging files a crash left behind.
 //! - [`faulty`]: [`FaultyColdStore`], the fault-injecting twin for tests.
 //! - [`testing`]: the conformance suite every backend runs.
@@ -19,6 +20,7 @@ pub mod config;
 pub mod error;
 pub mod faulty;
 pub mod key;
+mod local_put;
 pub mod object;
 pub mod staging;
 pub mod store;

@@ -1,6 +1,7 @@
 //! The [`ColdStore`] trait, and its implementation over any `object_store` backend.
 
 use super::{Body, ColdError, ObjectKey};
+use crate::pace::Pace;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use futures::future::BoxFuture;
@@ -81,8 +82,12 @@ pub struct ObjectColdStore {
     store: Arc<dyn ObjectStore>,
     root: Option<Path>,
     name: &'static str,
-    /// The same store as `store` when it is a `LocalFileSystem` ([`Self::with_local`]).
+    /// The same store as `store` when it is an unshared `LocalFileSystem`, whose files a
+    /// reader may open directly ([`ColdStore::local_file`]).
     local: Option<Arc<LocalFileSystem>>,
+    /// The same store as `store` when it is any `LocalFileSystem`: creates are written here,
+    /// paced ([`super::local_put`]).
+    paced: Option<(Arc<LocalFileSystem>, Pace)>,
 }
 
 /// Key the health probe heads; it need not exist.
@@ -104,14 +109,31 @@ impl ObjectColdStore {
             root,
             name,
             local: None,
+            paced: None,
         })
     }
 
-    /// A store over a local directory: `local` is also the backend, and its files are the
-    /// objects ([`ColdStore::local_file`]).
-    pub fn local(local: Arc<LocalFileSystem>, root: Option<&str>) -> Result<Self, ColdError> {
-        let mut store = Self::new(local.clone(), root, "local")?;
+    /// A store over a local directory: `local` is also the backend, its files are the objects
+    /// ([`ColdStore::local_file`]), and objects are written at `pace`.
+    pub fn local(
+        local: Arc<LocalFileSystem>,
+        root: Option<&str>,
+        pace: Pace,
+    ) -> Result<Self, ColdError> {
+        let mut store = Self::local_shared(local.clone(), root, pace)?;
         store.local = Some(local);
+        Ok(store)
+    }
+
+    /// A store over a local directory that other nodes also write and delete (its files are
+    /// read through the store, never opened directly); objects are written at `pace`.
+    pub fn local_shared(
+        local: Arc<LocalFileSystem>,
+        root: Option<&str>,
+        pace: Pace,
+    ) -> Result<Self, ColdError> {
+        let mut store = Self::new(local.clone(), root, "local")?;
+        store.paced = Some((local, pace));
         Ok(store)
     }
 
@@ -122,6 +144,7 @@ impl ObjectColdStore {
             root: None,
             name: "memory",
             local: None,
+            paced: None,
         }
     }
 
@@ -175,6 +198,20 @@ impl ColdStore for ObjectColdStore {
         body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
         Box::pin(async move {
+            if let Some((local, pace)) = &self.paced {
+                let dest = local
+                    .path_to_filesystem(&self.path(key))
+                    .map_err(|e| ColdError::from_store("put", key.as_str(), e))?;
+                let (key, pace) = (key.to_string(), *pace);
+                return tokio::task::spawn_blocking(move || {
+                    super::local_put::put_if_absent(&dest, &key, &body, pace)
+                })
+                .await
+                .map_err(|e| ColdError::Unavailable {
+                    operation: "put",
+                    source: Box::new(e),
+                })?;
+            }
             let opts = PutOptions {
                 mode: PutMode::Create,
                 ..Default::default()

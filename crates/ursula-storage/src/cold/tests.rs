@@ -36,6 +36,69 @@ async fn suite_local() {
 }
 
 #[tokio::test]
+async fn suite_local_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ColdConfig {
+        backend: Some(Backend::Local),
+        local: config::LocalConfig {
+            path: None,
+            shared: true,
+        },
+        ..Default::default()
+    };
+    let store = cfg.open(dir.path(), false).unwrap().unwrap();
+    testing::suite(store.as_ref(), &run_prefix("shared")).await;
+}
+
+/// Every file under `dir`, relative to it.
+fn files_below(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                let rel = e.path().strip_prefix(dir).unwrap().to_owned();
+                out.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn a_local_create_is_a_plain_file_and_leaves_no_staging_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ColdConfig {
+        backend: Some(Backend::Local),
+        ..Default::default()
+    };
+    let store = cfg.open(dir.path(), false).unwrap().unwrap();
+    // Several paced pieces, in several body pieces.
+    let mut body = Body::new();
+    let first: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
+    let second = vec![7u8; 300_001];
+    body.push(Bytes::from(first.clone()));
+    body.push(Bytes::from(second.clone()));
+    let key = ObjectKey::new("chunks/0000000000000001/g00003/00000000000000000001.chunk").unwrap();
+    store.put_if_absent(&key, body).await.unwrap();
+    let again = store
+        .put_if_absent(&key, Bytes::from_static(b"other").into())
+        .await
+        .unwrap_err();
+    assert!(matches!(again, ColdError::AlreadyExists { .. }), "{again}");
+    let cold = dir.path().join("cold");
+    assert_eq!(files_below(&cold), vec![key.to_string()]);
+    let on_disk = std::fs::read(cold.join(key.as_str())).unwrap();
+    assert_eq!(on_disk.len(), first.len() + second.len());
+    assert_eq!(&on_disk[..first.len()], &first[..]);
+    assert_eq!(&on_disk[first.len()..], &second[..]);
+    assert_eq!(store.local_file(&key), Some(cold.join(key.as_str())));
+}
+
+#[tokio::test]
 async fn suite_local_with_root() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ColdConfig {
