@@ -100,6 +100,15 @@ fn write_atomic(dir: &Path, text: &str) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The group count recorded in `dir`'s identity file, if it has a readable one (blocking).
+/// A node configured without a count takes it, so that a directory keeps the count it was
+/// created with whatever the default of the binary that reopens it.
+pub fn recorded_group_count(dir: &Path) -> Option<u32> {
+    let path = dir.join(FILE_NAME);
+    let text = fs::read_to_string(&path).ok()?;
+    parse(&path, &text).ok().map(|id| id.group_count)
+}
+
 /// Checks the identity file of `dir` against `want`, creating it in a fresh directory
 /// (blocking). `fresh_ok` says whether the directory holds no data yet.
 pub fn check_or_create(dir: &Path, want: &Identity, fresh_ok: bool) -> Result<(), RaftError> {
@@ -165,8 +174,10 @@ mod tests {
             group_count: 16,
             cluster_id: None,
         };
+        assert_eq!(recorded_group_count(dir.path()), None);
         check_or_create(dir.path(), &id, true).unwrap();
         check_or_create(dir.path(), &id, false).unwrap();
+        assert_eq!(recorded_group_count(dir.path()), Some(16));
         let other = Identity {
             node_id: 8,
             group_count: 16,

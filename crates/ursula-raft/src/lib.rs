@@ -105,7 +105,7 @@ mod wire;
 
 pub use coalesce::CoalesceStats;
 pub use error::{ProposeError, RaftError};
-pub use identity::FORMAT_VERSION;
+pub use identity::{FORMAT_VERSION, recorded_group_count};
 pub use listener::ApplyListener;
 pub use log_store::LogStore;
 pub use metrics::GroupMetrics;

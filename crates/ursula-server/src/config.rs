@@ -11,6 +11,11 @@ use std::path::PathBuf;
 pub const DEFAULT_SEND_BUFFER_BYTES: u64 = 256 << 10;
 /// The smallest `send_buffer_bytes` accepted (other than 0).
 const MIN_SEND_BUFFER_BYTES: u64 = 128 << 10;
+/// Groups of a new cluster's data directory when `group_count` is unset: enough to spread a
+/// 3-node cluster's leaderships over its nodes. A node without peers gets one group: every
+/// group shares the node's one WAL, so more groups only split each sync's batch into more
+/// Raft entries (docs/configuration.md).
+const CLUSTER_GROUP_COUNT: u32 = 4;
 
 /// Every setting of a node, with its default.
 #[derive(Debug, Clone, Deserialize)]
@@ -22,9 +27,10 @@ pub struct Config {
     pub admin_listen: Option<SocketAddr>,
     /// Data directory (WAL, snapshots). Default: ./ursula-data.
     pub data_dir: PathBuf,
-    /// Number of Raft groups streams are spread over. Default: 4 (measured: on 2 cores, 4
-    /// groups commit ~25% more appends/s than 16; see docs/benchmarks.md).
-    pub group_count: u32,
+    /// Number of Raft groups streams are spread over, fixed for a data directory. Unset: the
+    /// count the data directory was created with, else 1 on a node without peers and 4 in a
+    /// cluster ([`Self::resolve_defaults`]; docs/configuration.md says why).
+    pub group_count: Option<u32>,
     /// Long-poll wait when the request has no `timeout_ms`. Default: 1000 ms.
     pub long_poll_timeout_ms: u64,
     /// Largest request body. Default: 33554432 (32 MiB).
@@ -255,6 +261,17 @@ impl Config {
     pub fn resolve_defaults(&mut self) {
         let has_peers = self.has_peers();
         self.storage.cold.resolve_defaults(has_peers);
+        if self.group_count.is_none() {
+            let recorded = ursula_raft::recorded_group_count(&self.data_dir);
+            self.group_count =
+                Some(recorded.unwrap_or(if has_peers { CLUSTER_GROUP_COUNT } else { 1 }));
+        }
+    }
+
+    /// The group count in force (call after [`Self::resolve_defaults`]; before, an unset
+    /// count reads as a cluster's default).
+    pub fn group_count(&self) -> u32 {
+        self.group_count.unwrap_or(CLUSTER_GROUP_COUNT)
     }
 
     /// Folds the `[server]` and `[raft]` keys that override top-level ones into them.
@@ -265,8 +282,8 @@ impl Config {
         if self.server.admin_listen.is_some() {
             self.admin_listen = self.server.admin_listen;
         }
-        if let Some(g) = self.raft.group_count {
-            self.group_count = g;
+        if self.raft.group_count.is_some() {
+            self.group_count = self.raft.group_count;
         }
         if let Some(p) = &self.raft.wal.path {
             self.data_dir = p.clone();
@@ -410,7 +427,7 @@ impl Default for Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 4437)),
             admin_listen: None,
             data_dir: PathBuf::from("./ursula-data"),
-            group_count: 4,
+            group_count: None,
             long_poll_timeout_ms: 1000,
             max_request_bytes: 32 * 1024 * 1024,
             max_read_bytes: 32 * 1024 * 1024,
@@ -448,7 +465,7 @@ impl Config {
     /// Rejects values the server cannot run with.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            (1..=1024).contains(&self.group_count),
+            self.group_count.is_none_or(|g| (1..=1024).contains(&g)),
             "group_count must be 1..=1024"
         );
         anyhow::ensure!(
@@ -605,7 +622,7 @@ mod tests {
     fn toml_overrides_defaults() {
         let c: Config =
             toml::from_str("group_count = 8\nlisten = \"127.0.0.1:9000\"").expect("parse");
-        assert_eq!(c.group_count, 8);
+        assert_eq!(c.group_count, Some(8));
         assert_eq!(c.listen.port(), 9000);
         assert_eq!(c.long_poll_timeout_ms, 1000);
         assert!(toml::from_str::<Config>("bogus = 1").is_err());
@@ -625,7 +642,7 @@ mod tests {
         assert!(s3.validate().is_err(), "s3 without a bucket");
         assert!(
             Config {
-                group_count: 0,
+                group_count: Some(0),
                 ..Config::default()
             }
             .validate()
@@ -687,7 +704,7 @@ mod cluster_tests {
         ));
         c.validate().expect("valid");
         assert_eq!(c.listen.port(), 4447);
-        assert_eq!(c.group_count, 8);
+        assert_eq!(c.group_count, Some(8));
         assert_eq!(c.node_id(), 2);
         assert!(c.has_peers() && c.init_membership());
         assert_eq!(c.peer_urls()[&3], "http://127.0.0.1:4457");

@@ -108,7 +108,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let started = std::time::Instant::now();
     let cold_store = cold::open(&cfg).await?;
-    let watchers = watchers::Watchers::new(cfg.group_count);
+    let watchers = watchers::Watchers::new(cfg.group_count());
     let peers = if cfg.raft.peers.is_empty() {
         Default::default()
     } else {
@@ -125,7 +125,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let node = ursula_raft::Node::open(ursula_raft::NodeConfig {
         data_dir: cfg.data_dir.clone(),
         node_id: cfg.node_id(),
-        group_count: cfg.group_count,
+        group_count: cfg.group_count(),
         wal: ursula_storage::WalOptions {
             fsync: cfg.fsync,
             ..Default::default()
@@ -184,7 +184,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     let cfg_probe = cfg.storage.cold.clone();
     let tiering = cold_store
         .clone()
-        .map(|store| tiering::Tiering::new(store, cfg.tiering(), cfg.group_count));
+        .map(|store| tiering::Tiering::new(store, cfg.tiering(), cfg.group_count()));
     let governance_cfg = cfg.governance.clone();
     let app = app::App::new(node.clone(), cfg, watchers, tiering.clone());
     governance::spawn(&app, &governance_cfg)?;

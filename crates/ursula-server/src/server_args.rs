@@ -163,7 +163,7 @@ impl ServerArgs {
             c.data_dir = v;
         }
         if let Some(v) = self.group_count {
-            c.group_count = v;
+            c.group_count = Some(v);
         }
         if let Some(v) = self.long_poll_timeout_ms {
             c.long_poll_timeout_ms = v;
@@ -251,6 +251,37 @@ mod tests {
         let small = file("small.toml", "[storage.cold]\nflush_size = \"256KiB\"\n");
         let c = config(&["--config", &small]).unwrap();
         assert_eq!(c.tiering().flush_min_hot_size, 256 << 10);
+    }
+
+    #[test]
+    fn the_group_count_defaults_to_the_data_directory_s_then_one_alone_and_four_in_a_cluster() {
+        let fresh = tempfile::tempdir().unwrap();
+        let dir = fresh.path().display().to_string();
+        let alone = config(&["--data-dir", &dir]).unwrap();
+        assert_eq!(alone.group_count(), 1);
+        let peers = [
+            "--node-id",
+            "1",
+            "--peer",
+            "1=http://127.0.0.1:4437,2=http://127.0.0.1:4447",
+            "--cold-backend",
+            "local",
+            "--cold-local-shared",
+            "true",
+        ];
+        let cluster = config(&[&["--data-dir", &dir][..], &peers].concat()).unwrap();
+        assert_eq!(cluster.group_count(), 4);
+        // A directory created with four groups keeps them when the count is not set.
+        std::fs::write(
+            fresh.path().join("node.toml"),
+            "magic = \"ursula-node\"\nformat_version = 1\nnode_id = 1\ngroup_count = 4\n",
+        )
+        .unwrap();
+        let reopened = config(&["--data-dir", &dir]).unwrap();
+        assert_eq!(reopened.group_count(), 4);
+        // A count that is set wins (the node refuses it at open if the directory differs).
+        let set = config(&["--data-dir", &dir, "--group-count", "2"]).unwrap();
+        assert_eq!(set.group_count(), 2);
     }
 
     #[test]

@@ -42,11 +42,14 @@ impl Tiering {
             if picked.is_empty() {
                 return None;
             }
-            Some((g.cold.next_object, g.cold.namespace, picked, bytes))
+            Some((g.cold.next_object, g.cold.namespace, picked, bytes, hot))
         });
-        let Some((mut next, namespace, picked, bytes)) = planned else {
+        let Some((mut next, namespace, picked, bytes, hot)) = planned else {
             return 0;
         };
+        // A routine flush is written at the store's background pace (a local directory shares
+        // the WAL's disk); one that must make room goes flat out.
+        let urgent = force || hot >= self.cfg.flush_any_hot_size.saturating_mul(2);
         // The namespace is committed before any object is written under it, so every object
         // this group uploads is under a namespace its state knows: an upload whose flush
         // never committed is found again at the group's next id (below), never lost.
@@ -95,10 +98,13 @@ impl Tiering {
             let Ok(key) = chunk_key(namespace, group, id) else {
                 return 0;
             };
-            match self
-                .timed(self.store.put_if_absent(&key, Body::from(object.clone())))
-                .await
-            {
+            let body = Body::from(object.clone());
+            let put = if urgent {
+                self.store.put_if_absent(&key, body)
+            } else {
+                self.store.put_if_absent_paced(&key, body)
+            };
+            match self.timed(put).await {
                 Ok(()) => {
                     uploaded = Some(id);
                     break;

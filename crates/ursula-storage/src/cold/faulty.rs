@@ -106,20 +106,43 @@ impl FaultyColdStore {
     }
 }
 
+impl FaultyColdStore {
+    fn put<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        body: Body,
+        paced: bool,
+    ) -> BoxFuture<'a, Result<(), ColdError>> {
+        Box::pin(async move {
+            self.faults.before(Op::Put)?;
+            if paced {
+                self.inner.put_if_absent_paced(key, body).await?;
+            } else {
+                self.inner.put_if_absent(key, body).await?;
+            }
+            if Faults::take(&self.faults.lose_ack) {
+                return Err(injected(Op::Put));
+            }
+            Ok(())
+        })
+    }
+}
+
 impl ColdStore for FaultyColdStore {
     fn put_if_absent<'a>(
         &'a self,
         key: &'a ObjectKey,
         body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
-        Box::pin(async move {
-            self.faults.before(Op::Put)?;
-            self.inner.put_if_absent(key, body).await?;
-            if Faults::take(&self.faults.lose_ack) {
-                return Err(injected(Op::Put));
-            }
-            Ok(())
-        })
+        self.put(key, body, false)
+    }
+
+    fn put_if_absent_paced<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        body: Body,
+    ) -> BoxFuture<'a, Result<(), ColdError>> {
+        self.put(key, body, true)
     }
 
     fn get<'a>(&'a self, key: &'a ObjectKey) -> BoxFuture<'a, Result<Bytes, ColdError>> {

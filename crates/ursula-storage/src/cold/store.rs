@@ -42,6 +42,17 @@ pub trait ColdStore: Send + Sync + std::fmt::Debug + 'static {
         body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>>;
 
+    /// [`ColdStore::put_if_absent`] for a create nobody waits on (a routine flush): a store on
+    /// the node's own disk may write it at a pace that keeps out of the WAL's way (the `local`
+    /// backend does, [`Pace::BACKGROUND`]). The same contract otherwise.
+    fn put_if_absent_paced<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        body: Body,
+    ) -> BoxFuture<'a, Result<(), ColdError>> {
+        self.put_if_absent(key, body)
+    }
+
     /// The whole object.
     fn get<'a>(&'a self, key: &'a ObjectKey) -> BoxFuture<'a, Result<Bytes, ColdError>>;
 
@@ -85,8 +96,8 @@ pub struct ObjectColdStore {
     /// The same store as `store` when it is an unshared `LocalFileSystem`, whose files a
     /// reader may open directly ([`ColdStore::local_file`]).
     local: Option<Arc<LocalFileSystem>>,
-    /// The same store as `store` when it is any `LocalFileSystem`: creates are written here,
-    /// paced ([`super::local_put`]).
+    /// The same store as `store` when it is any `LocalFileSystem`: creates are written here
+    /// (`super::local_put`), at this pace when paced.
     paced: Option<(Arc<LocalFileSystem>, Pace)>,
 }
 
@@ -172,6 +183,25 @@ impl ObjectColdStore {
         ObjectKey::new(rel)
     }
 
+    /// A create on a local directory (`super::local_put`) at `pace`.
+    async fn put_local(&self, key: &ObjectKey, body: Body, pace: Pace) -> Result<(), ColdError> {
+        let Some((local, _)) = &self.paced else {
+            return self.put_if_absent(key, body).await;
+        };
+        let dest = local
+            .path_to_filesystem(&self.path(key))
+            .map_err(|e| ColdError::from_store("put", key.as_str(), e))?;
+        let key = key.to_string();
+        tokio::task::spawn_blocking(move || {
+            super::local_put::put_if_absent(&dest, &key, &body, pace)
+        })
+        .await
+        .map_err(|e| ColdError::Unavailable {
+            operation: "put",
+            source: Box::new(e),
+        })?
+    }
+
     async fn range_error(&self, key: &ObjectKey, range: &Range<u64>) -> Option<ColdError> {
         let size = self.store.head(&self.path(key)).await.ok()?.size;
         (range.end > size).then(|| ColdError::InvalidRange {
@@ -198,19 +228,8 @@ impl ColdStore for ObjectColdStore {
         body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
         Box::pin(async move {
-            if let Some((local, pace)) = &self.paced {
-                let dest = local
-                    .path_to_filesystem(&self.path(key))
-                    .map_err(|e| ColdError::from_store("put", key.as_str(), e))?;
-                let (key, pace) = (key.to_string(), *pace);
-                return tokio::task::spawn_blocking(move || {
-                    super::local_put::put_if_absent(&dest, &key, &body, pace)
-                })
-                .await
-                .map_err(|e| ColdError::Unavailable {
-                    operation: "put",
-                    source: Box::new(e),
-                })?;
+            if self.paced.is_some() {
+                return self.put_local(key, body, Pace::FLAT).await;
             }
             let opts = PutOptions {
                 mode: PutMode::Create,
@@ -223,6 +242,17 @@ impl ColdStore for ObjectColdStore {
                 .map(|_| ())
                 .map_err(|e| ColdError::from_store("put", key.as_str(), e))
         })
+    }
+
+    fn put_if_absent_paced<'a>(
+        &'a self,
+        key: &'a ObjectKey,
+        body: Body,
+    ) -> BoxFuture<'a, Result<(), ColdError>> {
+        match self.paced {
+            Some((_, pace)) => Box::pin(self.put_local(key, body, pace)),
+            None => self.put_if_absent(key, body),
+        }
     }
 
     fn get<'a>(&'a self, key: &'a ObjectKey) -> BoxFuture<'a, Result<Bytes, ColdError>> {

@@ -83,9 +83,9 @@ async fn a_local_create_is_a_plain_file_and_leaves_no_staging_file() {
     body.push(Bytes::from(first.clone()));
     body.push(Bytes::from(second.clone()));
     let key = ObjectKey::new("chunks/0000000000000001/g00003/00000000000000000001.chunk").unwrap();
-    store.put_if_absent(&key, body).await.unwrap();
+    store.put_if_absent_paced(&key, body).await.unwrap();
     let again = store
-        .put_if_absent(&key, Bytes::from_static(b"other").into())
+        .put_if_absent_paced(&key, Bytes::from_static(b"other").into())
         .await
         .unwrap_err();
     assert!(matches!(again, ColdError::AlreadyExists { .. }), "{again}");
