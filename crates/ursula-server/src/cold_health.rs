@@ -161,7 +161,7 @@ fn tick(app: &App, cfg: &ColdHealthConfig) {
             .unwrap_or_else(|e| e.into_inner());
         let errors = errors_now.saturating_sub(g.errors_seen);
         g.errors_seen = errors_now;
-        let (high, low) = cfg.marks(app.cfg.storage.cold.max_hot_size_per_group);
+        let (high, low) = cfg.marks(app.cfg.storage.cold.max_hot_size_per_group());
         g.backlog = backlog(g.backlog, max_hot, high, low);
         let bad = tick_is_bad(
             reason.is_some(),

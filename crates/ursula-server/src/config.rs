@@ -256,16 +256,19 @@ impl Config {
     }
 
     /// Defaults that depend on other settings, filled in once every source (file, flags,
-    /// environment) has been read: today the cold tier's flush threshold, which depends on
-    /// the backend in force ([`ursula_storage::cold::ColdConfig::resolve_defaults`]).
+    /// environment) has been read: the group count (the data directory's, else by whether
+    /// the node has peers), then the cold tier's flush threshold and hot cap, which depend on
+    /// the backend in force and the group count
+    /// ([`ursula_storage::cold::ColdConfig::resolve_defaults`]).
     pub fn resolve_defaults(&mut self) {
         let has_peers = self.has_peers();
-        self.storage.cold.resolve_defaults(has_peers);
         if self.group_count.is_none() {
             let recorded = ursula_raft::recorded_group_count(&self.data_dir);
             self.group_count =
                 Some(recorded.unwrap_or(if has_peers { CLUSTER_GROUP_COUNT } else { 1 }));
         }
+        let groups = self.group_count();
+        self.storage.cold.resolve_defaults(has_peers, groups);
     }
 
     /// The group count in force (call after [`Self::resolve_defaults`]; before, an unset
@@ -361,7 +364,7 @@ impl Config {
             return Ok(());
         }
         let c = &self.storage.cold;
-        let (high, low) = h.marks(c.max_hot_size_per_group);
+        let (high, low) = h.marks(c.max_hot_size_per_group());
         anyhow::ensure!(
             low < high,
             "governance.cold_health.hot_size_low ({low}) must be below hot_size_high ({high})"
@@ -381,10 +384,10 @@ impl Config {
             self.flush_any_hot_size()
         );
         anyhow::ensure!(
-            c.max_hot_size_per_group == 0 || high < c.max_hot_size_per_group,
+            c.max_hot_size_per_group() == 0 || high < c.max_hot_size_per_group(),
             "governance.cold_health.hot_size_high ({high}) must be below \
              storage.cold.max_hot_size_per_group ({})",
-            c.max_hot_size_per_group
+            c.max_hot_size_per_group()
         );
         Ok(())
     }
@@ -398,7 +401,7 @@ impl Config {
         if c.flush_any_hot_size.is_some() || !self.has_peers() || h.interval.is_zero() {
             return c.flush_any_hot_size();
         }
-        let (_, low) = h.marks(c.max_hot_size_per_group);
+        let (_, low) = h.marks(c.max_hot_size_per_group());
         c.flush_any_hot_size().min(low.max(c.flush_min_hot_size()))
     }
 
@@ -413,7 +416,7 @@ impl Config {
             flush_max_size: c.flush_max_size(),
             flush_pressure_hot_size: c.flush_pressure_hot_size,
             flush_max_concurrency: c.flush_max_concurrency,
-            max_hot_size_per_group: c.max_hot_size_per_group,
+            max_hot_size_per_group: c.max_hot_size_per_group(),
             gc_interval: c.gc_interval,
             gc_max_entries: c.gc_max_entries,
             cache: c.cache.clone(),

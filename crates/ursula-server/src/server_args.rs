@@ -113,7 +113,8 @@ pub struct ServerArgs {
     #[arg(long, env = "URSULA_COLD_LOCAL_SHARED")]
     cold_local_shared: Option<bool>,
     /// Hot bytes per group before writes answer 503 COLD_BACKPRESSURE
-    /// (`storage.cold.max_hot_size_per_group`, `0` off) [default: 64MiB].
+    /// (`storage.cold.max_hot_size_per_group`, `0` off) [default: 256MiB shared by the groups,
+    /// at least 64MiB each].
     #[arg(long, env = "URSULA_MAX_HOT_SIZE_PER_GROUP", value_parser = ursula_storage::cold::config::parse_size)]
     max_hot_size_per_group: Option<u64>,
     /// This node's Raft id; overrides `raft.node_id`, so one config file serves every node.
@@ -203,7 +204,7 @@ impl ServerArgs {
             cold.local.shared = v;
         }
         if let Some(v) = self.max_hot_size_per_group {
-            cold.max_hot_size_per_group = v;
+            cold.max_hot_size_per_group = Some(v);
         }
         c.resolve_defaults();
         c.validate()?;
@@ -327,7 +328,7 @@ mod tests {
         );
         assert!(c.raft.init_membership_per_group);
         assert!(c.storage.cold.local.shared);
-        assert_eq!(c.storage.cold.max_hot_size_per_group, 32 << 20);
+        assert_eq!(c.storage.cold.max_hot_size_per_group(), 32 << 20);
         assert_eq!(c.runtime.core_count, Some(2));
         // A shared directory is read through the store: it flushes at flush_size.
         assert_eq!(c.tiering().flush_min_hot_size, 8 << 20);

@@ -84,6 +84,10 @@ impl<'de> Deserialize<'de> for Encryption {
 /// Hot bytes a group holds before it flushes, with an unshared `local` backend and no
 /// `flush_min_hot_size` set ([`ColdConfig::resolve_defaults`]).
 pub const LOCAL_FLUSH_MIN_HOT_SIZE: u64 = 1 << 20;
+/// Hot bytes a node may hold when `max_hot_size_per_group` is unset, shared by its groups.
+pub const NODE_HOT_SIZE: u64 = 256 << 20;
+/// The smallest default `max_hot_size_per_group`.
+pub const MIN_HOT_SIZE_PER_GROUP: u64 = 64 << 20;
 
 /// `[storage.cold]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -126,9 +130,11 @@ pub struct ColdConfig {
     /// Flush uploads running at once (non-zero). Default: 4.
     pub flush_max_concurrency: usize,
     /// A write that would take its group's hot bytes past this answers
-    /// `503 COLD_BACKPRESSURE` (`0` disables). Default: `64MiB`.
-    #[serde(deserialize_with = "size")]
-    pub max_hot_size_per_group: u64,
+    /// `503 COLD_BACKPRESSURE` (`0` disables). Default: 256 MiB shared by the node's groups,
+    /// at least `64MiB` each (so `64MiB` with four groups, `256MiB` with one); see
+    /// [`Self::resolve_defaults`].
+    #[serde(deserialize_with = "opt_size")]
+    pub max_hot_size_per_group: Option<u64>,
     /// GC tick (non-zero). Default: `5s`.
     #[serde(deserialize_with = "duration")]
     pub gc_interval: Duration,
@@ -202,7 +208,7 @@ impl Default for ColdConfig {
             flush_any_hot_size: None,
             flush_pressure_hot_size: 128 << 20,
             flush_max_concurrency: 4,
-            max_hot_size_per_group: 64 << 20,
+            max_hot_size_per_group: None,
             gc_interval: Duration::from_secs(5),
             gc_max_entries: 256,
             cache: None,
@@ -430,11 +436,24 @@ impl ColdConfig {
     /// `sendfile`, at about 40 % of the CPU of sending them from the hot ring
     /// (docs/benchmarks.md, session 19). Object stores keep `flush_size` (every flush is a
     /// paid request), and so does a shared directory (read through the store, not mapped).
-    pub fn resolve_defaults(&mut self, has_peers: bool) {
+    pub fn resolve_defaults(&mut self, has_peers: bool, group_count: u32) {
         let mapped = !self.local.shared && matches!(self.backend(has_peers), Ok(Backend::Local));
         if self.flush_min_hot_size.is_none() && mapped {
             self.flush_min_hot_size = Some(LOCAL_FLUSH_MIN_HOT_SIZE.min(self.flush_size));
         }
+        // The hot bytes a node may hold are what is bounded: a node with one group gets what
+        // four groups had together (a single node's default is one group).
+        if self.max_hot_size_per_group.is_none() {
+            let share = NODE_HOT_SIZE / u64::from(group_count.max(1));
+            self.max_hot_size_per_group = Some(share.max(MIN_HOT_SIZE_PER_GROUP));
+        }
+    }
+
+    /// `max_hot_size_per_group` in force (`0`: no cap); `64MiB` before
+    /// [`Self::resolve_defaults`] when unset.
+    pub fn max_hot_size_per_group(&self) -> u64 {
+        self.max_hot_size_per_group
+            .unwrap_or(MIN_HOT_SIZE_PER_GROUP)
     }
 
     /// The backend in force: the configured one, else `local` without peers.
@@ -513,10 +532,8 @@ impl ColdConfig {
         if self.compaction_enabled {
             return Err(ColdConfigError::CompactionUnsupported);
         }
-        if self.max_hot_size_per_group > 0
-            && self.flush_min_hot_size().max(self.flush_any_hot_size())
-                > self.max_hot_size_per_group
-        {
+        let cap = self.max_hot_size_per_group();
+        if cap > 0 && self.flush_min_hot_size().max(self.flush_any_hot_size()) > cap {
             // The group would refuse writes before it ever reached the flush threshold.
             return Err(ColdConfigError::FlushAboveHotBound);
         }
@@ -538,7 +555,7 @@ impl ColdConfig {
     /// `flush_min_hot_size` ..= 16 × `flush_min_hot_size`.
     pub fn flush_any_hot_size(&self) -> u64 {
         let min = self.flush_min_hot_size();
-        let cap = match self.max_hot_size_per_group {
+        let cap = match self.max_hot_size_per_group() {
             0 => 64 << 20,
             cap => cap,
         };
@@ -730,8 +747,15 @@ mod tests {
     #[test]
     fn flush_runs_default_from_the_thresholds_and_stay_under_the_cap() {
         let mut local = ColdConfig::default();
-        local.resolve_defaults(false);
+        local.resolve_defaults(false, 1);
         assert_eq!(local.flush_min_hot_size(), 1 << 20);
+        assert_eq!(local.max_hot_size_per_group(), 256 << 20);
+        let mut four = ColdConfig::default();
+        four.resolve_defaults(false, 4);
+        assert_eq!(four.max_hot_size_per_group(), 64 << 20);
+        let mut many = ColdConfig::default();
+        many.resolve_defaults(true, 16);
+        assert_eq!(many.max_hot_size_per_group(), 64 << 20);
         assert_eq!(local.flush_min_run(), 64 << 10);
         assert_eq!(local.flush_any_hot_size(), 16 << 20);
         let small: ColdConfig =
@@ -740,7 +764,7 @@ mod tests {
         assert_eq!(small.flush_min_run(), 4 << 10);
         assert_eq!(small.flush_any_hot_size(), 128 << 10);
         let uncapped = ColdConfig {
-            max_hot_size_per_group: 0,
+            max_hot_size_per_group: Some(0),
             ..Default::default()
         };
         assert_eq!(uncapped.flush_any_hot_size(), 16 << 20);
