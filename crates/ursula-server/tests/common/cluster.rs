@@ -524,14 +524,24 @@ fn gauge(text: &str, prefix: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// `n` distinct free loopback ports (all bound at once, so none repeats).
+/// `n` distinct free loopback ports, none handed out before in this process: the tests of a
+/// binary run in parallel, and a port one cluster released could otherwise go to another
+/// before the first cluster's node binds it (a request would then reach the other cluster).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if !given.contains(&port) {
+            given.push(port);
+            ports.push(port);
+        }
+        held.push(l);
+    }
+    ports
 }
 
 /// A cluster-aware client: knows every node's address; cheap to clone and `Send`.
