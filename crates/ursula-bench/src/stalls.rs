@@ -65,7 +65,9 @@ impl Stalls {
         }
         let count = bursts.len() as u64;
         bursts.sort_by(|a, b| {
-            (b.requests.cmp(&a.requests)).then(b.longest_ms.total_cmp(&a.longest_ms))
+            b.requests
+                .cmp(&a.requests)
+                .then(b.longest_ms.total_cmp(&a.longest_ms))
         });
         bursts.truncate(SHOWN);
         bursts.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));

@@ -82,8 +82,8 @@ impl SnapshotStore {
         self.file.lock().unwrap_or_else(|e| e.into_inner()).closed
     }
 
-    /// Durably replaces the snapshot file (blocking).
-    fn write(&self, last: Option<LogId>, payload: &[u8]) -> Result<(), String> {
+    /// Durably replaces the snapshot file (blocking), written at `pace`.
+    fn write(&self, last: Option<LogId>, payload: &[u8], pace: Pace) -> Result<(), String> {
         let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
         if file.closed {
             return Err("the node is shutting down".into());
@@ -91,7 +91,7 @@ impl SnapshotStore {
         if file.written.is_some() && last < file.written {
             return Ok(());
         }
-        snapshot_file::write_atomic(self.fs.as_ref(), &self.path, payload, Pace::BACKGROUND)
+        snapshot_file::write_atomic(self.fs.as_ref(), &self.path, payload, pace)
             .map_err(|e| e.to_string())?;
         file.written = last;
         self.bytes.store(payload.len() as u64, Ordering::Relaxed);
@@ -378,7 +378,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let store = Arc::clone(&self.snapshots);
         let last = meta.last_log_id;
         tokio::task::spawn_blocking(move || {
-            store.write(last, &file)?;
+            // A follower does not apply until its snapshot is installed: written flat out.
+            store.write(last, &file, Pace::FLAT)?;
             let _ = std::fs::remove_file(store.recv_path());
             Ok::<(), String>(())
         })
@@ -439,7 +440,8 @@ impl SnapshotBuilder {
         loop {
             let s = Arc::clone(&store);
             let (back, res) = tokio::task::spawn_blocking(move || {
-                let res = s.write(last, &payload);
+                // Built beside a live WAL: at the background pace.
+                let res = s.write(last, &payload, Pace::BACKGROUND);
                 (payload, res)
             })
             .await

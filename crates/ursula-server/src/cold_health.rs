@@ -27,8 +27,8 @@ pub struct ColdHealthConfig {
     pub interval: Duration,
     pub unhealthy_ticks: u32,
     pub heal_ticks: u32,
-    /// Unset: three quarters of `storage.cold.max_hot_size_per_group` (48 MiB of the default
-    /// 64 MiB; 48 MiB when that cap is off). See [`ColdHealthConfig::marks`].
+    /// Unset: three quarters of `storage.cold.max_hot_size_per_group` (48 MiB of a cluster's
+    /// default 64 MiB with four groups; 48 MiB when that cap is off). See [`ColdHealthConfig::marks`].
     #[serde(deserialize_with = "opt_size")]
     pub hot_size_high: Option<u64>,
     /// Unset: two thirds of the high mark.

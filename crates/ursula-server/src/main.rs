@@ -172,7 +172,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         %admin_addr,
         %cluster_addr,
         data_dir = %cfg.data_dir.display(),
-        groups = cfg.group_count,
+        groups = cfg.group_count(),
         recovery_ms = started.elapsed().as_millis() as u64,
         "ursula listening"
     );

@@ -260,6 +260,8 @@ mod tests {
         let dir = fresh.path().display().to_string();
         let alone = config(&["--data-dir", &dir]).unwrap();
         assert_eq!(alone.group_count(), 1);
+        // Its one group may hold what four held together.
+        assert_eq!(alone.tiering().max_hot_size_per_group, 256 << 20);
         let peers = [
             "--node-id",
             "1",
@@ -272,6 +274,7 @@ mod tests {
         ];
         let cluster = config(&[&["--data-dir", &dir][..], &peers].concat()).unwrap();
         assert_eq!(cluster.group_count(), 4);
+        assert_eq!(cluster.tiering().max_hot_size_per_group, 64 << 20);
         // A directory created with four groups keeps them when the count is not set.
         std::fs::write(
             fresh.path().join("node.toml"),

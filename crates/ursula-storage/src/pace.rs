@@ -36,8 +36,8 @@ impl Pace {
         longest: Duration::from_secs(2),
     };
 
-    /// No pauses, a sync every 2 MiB (nothing else writes to the disk meanwhile: start-up,
-    /// tests).
+    /// No pauses, a sync every 2 MiB: for a write something waits on (a follower installing a
+    /// snapshot, a flush that must make room, a create a request asked for).
     pub const FLAT: Pace = Pace {
         piece: 2 << 20,
         rate: 0,

@@ -8,33 +8,74 @@
 //! that its reads, listings and deletes, and the staging sweep, see nothing different:
 //!
 //! 1. the bytes go to a staging file `{path}#{n}` (a name no object key can take), created
-//!    with `O_EXCL`, missing parent directories made and synced first;
+//!    with `O_EXCL`, after missing parent directories are made; every directory from the
+//!    parent up to the store's is synced once ([`DurableDirs`]);
 //! 2. the staging file is synced and hard-linked to `{path}`: the link fails if an object is
 //!    already there (the conditional create), and the parent directory is synced;
 //! 3. the staging file is removed (a crash before leaves it to [`super::staging::sweep`]).
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use super::{Body, ColdError};
 use crate::pace::Pace;
 
+/// Directories of a store known to be durable, with their ancestors up to the store's
+/// directory: a directory enters only once its whole chain was synced, so a create that finds
+/// its parent here has nothing to sync above it.
+#[derive(Debug, Default)]
+pub(super) struct DurableDirs(Mutex<HashSet<PathBuf>>);
+
+impl DurableDirs {
+    /// Makes `dir` and its ancestors, `levels` directories in all, durable unless known to be.
+    /// Every create checks: another create may have made a shared parent without syncing it
+    /// yet, or failed before it did.
+    fn ensure(&self, dir: &Path, levels: usize) -> io::Result<()> {
+        let known = |d: &Path| self.lock().contains(d);
+        if known(dir) {
+            return Ok(());
+        }
+        let chain: Vec<&Path> = dir.ancestors().take(levels.max(1)).collect();
+        for d in &chain {
+            if !known(d) {
+                File::open(d)?.sync_all()?;
+            }
+        }
+        let mut set = self.lock();
+        set.extend(chain.iter().map(|d| d.to_path_buf()));
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Creates the object at `dest` holding `body`, unless one is there (blocking). `key` names
-/// it in errors.
+/// it in errors; `levels` is how many directories lie between `dest` and the store's
+/// directory, both included.
 pub(super) fn put_if_absent(
     dest: &Path,
     key: &str,
     body: &Body,
     pace: Pace,
+    dirs: &DurableDirs,
+    levels: usize,
 ) -> Result<(), ColdError> {
     let failed = |source: io::Error| ColdError::Unavailable {
         operation: "put",
         source: Box::new(source),
     };
     let (file, staging) = create_staging(dest).map_err(failed)?;
-    let written = write_and_link(&file, &staging, dest, body, pace);
+    let written = match dest.parent() {
+        Some(parent) => dirs.ensure(parent, levels),
+        None => Ok(()),
+    }
+    .and_then(|()| write_and_link(&file, &staging, dest, body, pace));
     let _ = std::fs::remove_file(&staging);
     match written {
         Ok(()) => Ok(()),
@@ -67,7 +108,8 @@ fn write_and_link(
     sync_parent(dest)
 }
 
-/// Opens a fresh staging file beside `dest`, making (and syncing) missing directories.
+/// Opens a fresh staging file beside `dest`, making missing directories (synced by the
+/// caller, [`DurableDirs::ensure`]).
 fn create_staging(dest: &Path) -> io::Result<(File, PathBuf)> {
     let mut n = 1u32;
     let mut made_dirs = false;
@@ -79,37 +121,12 @@ fn create_staging(dest: &Path) -> io::Result<(File, PathBuf)> {
             Ok(f) => return Ok((f, path)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => n += 1,
             Err(e) if e.kind() == ErrorKind::NotFound && !made_dirs => {
-                make_parents(dest)?;
+                if let Some(parent) = dest.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
                 made_dirs = true;
             }
             Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Creates the missing directories above `path` and syncs each of them and the first one
-/// that existed, so the new entries survive a crash.
-fn make_parents(path: &Path) -> io::Result<()> {
-    let Some(parent) = path.parent() else {
-        return Ok(());
-    };
-    let mut existing = parent;
-    while !existing.exists() {
-        match existing.parent() {
-            Some(p) => existing = p,
-            None => break,
-        }
-    }
-    std::fs::create_dir_all(parent)?;
-    let mut dir = parent;
-    loop {
-        File::open(dir)?.sync_all()?;
-        if dir == existing {
-            return Ok(());
-        }
-        match dir.parent() {
-            Some(p) => dir = p,
-            None => return Ok(()),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The [`ColdStore`] trait, and its implementation over any `object_store` backend.
 
+use super::local_put::DurableDirs;
 use super::{Body, ColdError, ObjectKey};
 use crate::pace::Pace;
 use bytes::Bytes;
@@ -96,9 +97,16 @@ pub struct ObjectColdStore {
     /// The same store as `store` when it is an unshared `LocalFileSystem`, whose files a
     /// reader may open directly ([`ColdStore::local_file`]).
     local: Option<Arc<LocalFileSystem>>,
-    /// The same store as `store` when it is any `LocalFileSystem`: creates are written here
-    /// (`super::local_put`), at this pace when paced.
-    paced: Option<(Arc<LocalFileSystem>, Pace)>,
+    /// Set when `store` is any `LocalFileSystem`: creates are written by `super::local_put`.
+    paced: Option<LocalPut>,
+}
+
+/// How a `local` store writes its creates: into `fs`'s directory, at `pace` when paced.
+#[derive(Debug, Clone)]
+struct LocalPut {
+    fs: Arc<LocalFileSystem>,
+    pace: Pace,
+    dirs: Arc<DurableDirs>,
 }
 
 /// Key the health probe heads; it need not exist.
@@ -144,7 +152,11 @@ impl ObjectColdStore {
         pace: Pace,
     ) -> Result<Self, ColdError> {
         let mut store = Self::new(local.clone(), root, "local")?;
-        store.paced = Some((local, pace));
+        store.paced = Some(LocalPut {
+            fs: local,
+            pace,
+            dirs: Arc::default(),
+        });
         Ok(store)
     }
 
@@ -183,17 +195,24 @@ impl ObjectColdStore {
         ObjectKey::new(rel)
     }
 
-    /// A create on a local directory (`super::local_put`) at `pace`.
-    async fn put_local(&self, key: &ObjectKey, body: Body, pace: Pace) -> Result<(), ColdError> {
-        let Some((local, _)) = &self.paced else {
-            return self.put_if_absent(key, body).await;
-        };
+    /// A create on a local directory (`super::local_put`), at `pace`.
+    async fn put_local(
+        &self,
+        local: &LocalPut,
+        key: &ObjectKey,
+        body: Body,
+        pace: Pace,
+    ) -> Result<(), ColdError> {
+        let path = self.path(key);
         let dest = local
-            .path_to_filesystem(&self.path(key))
+            .fs
+            .path_to_filesystem(&path)
             .map_err(|e| ColdError::from_store("put", key.as_str(), e))?;
-        let key = key.to_string();
+        // The directories from the object's up to the store's.
+        let levels = path.as_ref().matches('/').count() + 1;
+        let (key, dirs) = (key.to_string(), Arc::clone(&local.dirs));
         tokio::task::spawn_blocking(move || {
-            super::local_put::put_if_absent(&dest, &key, &body, pace)
+            super::local_put::put_if_absent(&dest, &key, &body, pace, &dirs, levels)
         })
         .await
         .map_err(|e| ColdError::Unavailable {
@@ -228,8 +247,8 @@ impl ColdStore for ObjectColdStore {
         body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
         Box::pin(async move {
-            if self.paced.is_some() {
-                return self.put_local(key, body, Pace::FLAT).await;
+            if let Some(local) = &self.paced {
+                return self.put_local(local, key, body, Pace::FLAT).await;
             }
             let opts = PutOptions {
                 mode: PutMode::Create,
@@ -249,8 +268,8 @@ impl ColdStore for ObjectColdStore {
         key: &'a ObjectKey,
         body: Body,
     ) -> BoxFuture<'a, Result<(), ColdError>> {
-        match self.paced {
-            Some((_, pace)) => Box::pin(self.put_local(key, body, pace)),
+        match &self.paced {
+            Some(local) => Box::pin(self.put_local(local, key, body, local.pace)),
             None => self.put_if_absent(key, body),
         }
     }

@@ -99,6 +99,39 @@ async fn a_local_create_is_a_plain_file_and_leaves_no_staging_file() {
 }
 
 #[tokio::test]
+async fn a_local_create_that_cannot_make_its_directory_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ColdConfig {
+        backend: Some(Backend::Local),
+        ..Default::default()
+    };
+    let store = cfg.open(dir.path(), false).unwrap().unwrap();
+    // A file where the object's directory should be.
+    std::fs::write(dir.path().join("cold/blocked"), b"not a directory").unwrap();
+    let key = ObjectKey::new("blocked/g00001/1.chunk").unwrap();
+    for paced in [false, true] {
+        let body = Body::from(Bytes::from_static(b"bytes"));
+        let res = if paced {
+            store.put_if_absent_paced(&key, body).await
+        } else {
+            store.put_if_absent(&key, body).await
+        };
+        assert!(res.unwrap_err().is_transient(), "paced: {paced}");
+    }
+    assert_eq!(
+        files_below(&dir.path().join("cold")),
+        vec!["blocked".to_owned()]
+    );
+    // The store goes on serving other keys.
+    let ok = ObjectKey::new("open/g00001/1.chunk").unwrap();
+    store
+        .put_if_absent_paced(&ok, Bytes::from_static(b"fine").into())
+        .await
+        .unwrap();
+    assert_eq!(store.get(&ok).await.unwrap(), &b"fine"[..]);
+}
+
+#[tokio::test]
 async fn suite_local_with_root() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = ColdConfig {
@@ -176,6 +209,19 @@ async fn faults_fail_before_or_after_the_store() {
     assert!(matches!(
         twin.put_if_absent(&k2, Bytes::from_static(b"2").into())
             .await,
+        Err(ColdError::AlreadyExists { .. })
+    ));
+
+    // The paced create goes through the same faults.
+    faults.fail_next(Op::Put, 1);
+    let k3 = ObjectKey::new("f/c").unwrap();
+    let paced = |b: &'static [u8]| twin.put_if_absent_paced(&k3, Bytes::from_static(b).into());
+    assert!(paced(b"3").await.unwrap_err().is_transient());
+    faults.lose_next_put_acks(1);
+    assert!(paced(b"3").await.unwrap_err().is_transient());
+    assert_eq!(inner.get(&k3).await.unwrap(), &b"3"[..], "written anyway");
+    assert!(matches!(
+        paced(b"3").await,
         Err(ColdError::AlreadyExists { .. })
     ));
 
