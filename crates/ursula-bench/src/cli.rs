@@ -378,7 +378,9 @@ pub struct CompareArgs {
 /// "10s", "250ms", "2m", "1.5" (seconds).
 pub fn parse_duration(s: &str) -> Result<Duration> {
     let s = s.trim();
-    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+    let (num, scale) = if let Some(n) = s.strip_suffix("us").or_else(|| s.strip_suffix("µs")) {
+        (n, 0.000_001)
+    } else if let Some(n) = s.strip_suffix("ms") {
         (n, 0.001)
     } else if let Some(n) = s.strip_suffix('s') {
         (n, 1.0)
@@ -389,7 +391,7 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     };
     let v: f64 = match num.trim().parse() {
         Ok(v) => v,
-        Err(_) => bail!("invalid duration {s:?} (try 10s, 500ms, 2m)"),
+        Err(_) => bail!("invalid duration {s:?} (try 10s, 500ms, 700us, 2m)"),
     };
     if !v.is_finite() || v < 0.0 {
         bail!("invalid duration {s:?}");
@@ -446,6 +448,10 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         assert_eq!(parse_duration("2m").ok(), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse_duration("700us").ok(),
+            Some(Duration::from_micros(700))
+        );
         assert_eq!(
             parse_duration("1.5").ok(),
             Some(Duration::from_millis(1500))
