@@ -4,9 +4,13 @@
 //! the WAL's next `fdatasync` (which every acknowledgement waits for) queues behind their
 //! write-back. Measured on the benchmark VM at 1,000 streams × 256 connections with one
 //! group, snapshots of 20–25 MB and 8 MiB cold objects written flat out each held every
-//! connection for 10–40 ms. Written in pieces of [`Pace::BACKGROUND`]'s 256 KiB, each synced,
+//! connection for 10–40 ms. Written in pieces of [`Pace::BACKGROUND`]'s 64 KiB, each synced,
 //! with a pause after each, a WAL sync waits for at most one piece, and the disk is the WAL's
-//! between pieces (the same pacing as the WAL's own segment fill, `wal/prepare.rs`).
+//! between pieces (the same pacing as the WAL's own segment fill, `wal/prepare.rs`). Pieces of
+//! 256 KiB at 64 MiB/s held the WAL sync each of them met: at 1 stream × 16 connections, with
+//! a flush of the local cold tier every second, 3,500–4,100 appends in 5 s took over 0.7 ms;
+//! 64 KiB pieces at 16 MiB/s, 2,700–2,800, and p99 fell from 0.79–0.88 to 0.75–0.76 ms, with
+//! no change at 100 × 32, 1,000 × 256 or 10,000 × 256 (docs/benchmarks.md, session 28).
 //!
 //! The pace is a rate with a bound on the time: a large write goes faster than the rate so
 //! that it never takes longer than [`Pace::longest`] (a snapshot holds the log it replaces,
@@ -28,11 +32,11 @@ pub struct Pace {
 }
 
 impl Pace {
-    /// Snapshots and local cold objects written beside a live WAL: 256 KiB pieces at
-    /// 64 MiB/s, done within two seconds.
+    /// Snapshots and local cold objects written beside a live WAL: 64 KiB pieces at
+    /// 16 MiB/s, done within two seconds.
     pub const BACKGROUND: Pace = Pace {
-        piece: 256 << 10,
-        rate: 64 << 20,
+        piece: 64 << 10,
+        rate: 16 << 20,
         longest: Duration::from_secs(2),
     };
 
@@ -102,21 +106,21 @@ mod tests {
     #[test]
     fn a_small_write_keeps_the_rate_and_a_large_one_the_time_bound() {
         let p = Pace::BACKGROUND;
-        // 256 KiB at 64 MiB/s: about 3.9 ms, less the time the piece took.
-        let pause = p.pause(256 << 10, 8 * MIB, Duration::ZERO);
+        // 64 KiB at 16 MiB/s: about 3.9 ms, less the time the piece took.
+        let pause = p.pause(64 << 10, 8 * MIB, Duration::ZERO);
         assert_eq!(pause.as_micros(), 3_906);
         assert_eq!(
-            p.pause(256 << 10, 8 * MIB, Duration::from_millis(1))
+            p.pause(64 << 10, 8 * MIB, Duration::from_millis(1))
                 .as_micros(),
             2_906
         );
-        // 1 GiB in two seconds: 512 MiB/s, so about 0.5 ms per piece.
+        // 1 GiB in two seconds: 512 MiB/s, so about 0.12 ms per piece.
         assert_eq!(
-            p.pause(256 << 10, 1024 * MIB, Duration::ZERO).as_micros(),
-            488
+            p.pause(64 << 10, 1024 * MIB, Duration::ZERO).as_micros(),
+            122
         );
         // A piece slower than its share is not followed by a pause.
-        assert!(p.pause(256 << 10, MIB, Duration::from_millis(9)).is_zero());
+        assert!(p.pause(64 << 10, MIB, Duration::from_millis(9)).is_zero());
         assert!(Pace::FLAT.pause(2 << 20, MIB, Duration::ZERO).is_zero());
     }
 
