@@ -9,7 +9,7 @@
 //! between pieces (the same pacing as the WAL's own segment fill, `wal/prepare.rs`). Pieces of
 //! 256 KiB at 64 MiB/s held the WAL sync each of them met: at 1 stream × 16 connections, with
 //! a flush of the local cold tier every second, 3,500–4,100 appends in 5 s took over 0.7 ms;
-//! 64 KiB pieces at 16 MiB/s, 2,700–2,800, and p99 fell from 0.79–0.88 to 0.75–0.76 ms, with
+//! 64 KiB pieces at 16 MiB/s, 2,700–3,300, and p99 fell from 0.79–0.88 to 0.75–0.81 ms, with
 //! no change at 100 × 32, 1,000 × 256 or 10,000 × 256 (docs/benchmarks.md, session 28).
 //!
 //! The pace is a rate with a bound on the time: a large write goes faster than the rate so
