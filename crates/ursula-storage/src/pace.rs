@@ -62,13 +62,14 @@ impl Pace {
         Duration::from_secs_f64(n as f64 / rate).saturating_sub(took)
     }
 
-    /// Writes `pieces` one after another through `write` (which appends), calling `sync`
-    /// after every [`Pace::piece`] bytes but the last ones and pausing after each sync.
-    /// The caller makes the end durable (a final `fsync` before publishing the file).
+    /// Writes `pieces` one after another from offset 0 through `write_at` (bytes, offset),
+    /// calling `sync` after every [`Pace::piece`] bytes but the last ones and pausing after
+    /// each sync. The caller makes the end durable (a final `fsync` before publishing the
+    /// file).
     pub fn write<'a>(
         &self,
         pieces: impl IntoIterator<Item = &'a [u8]> + Clone,
-        mut write: impl FnMut(&[u8]) -> io::Result<()>,
+        mut write_at: impl FnMut(&[u8], u64) -> io::Result<()>,
         mut sync: impl FnMut() -> io::Result<()>,
     ) -> io::Result<()> {
         let piece = self.piece.max(1);
@@ -80,7 +81,7 @@ impl Pace {
             let mut rest = p;
             while !rest.is_empty() {
                 let n = rest.len().min(piece - since_sync);
-                write(&rest[..n])?;
+                write_at(&rest[..n], written)?;
                 rest = &rest[n..];
                 since_sync += n;
                 written += n as u64;
@@ -138,7 +139,8 @@ mod tests {
         let out_len = std::cell::Cell::new(0);
         pace.write(
             pieces,
-            |b| {
+            |b, at| {
+                assert_eq!(at, out.len() as u64);
                 out.extend_from_slice(b);
                 out_len.set(out.len());
                 Ok(())
@@ -159,7 +161,7 @@ mod tests {
         let err = Pace::FLAT
             .write(
                 [&[0u8; 5 << 20][..]],
-                |_| {
+                |_, _| {
                     writes += 1;
                     Ok(())
                 },

@@ -51,14 +51,9 @@ pub fn write_atomic(
         let file = fs.open(&tmp, OpenMode::CreateTruncate)?;
         // Synced as it goes (`Pace`): a blob written in one piece would leave megabytes of
         // dirty pages for the WAL's next fdatasync to wait behind.
-        let mut at = 0u64;
         pace.write(
             [&header[..], payload],
-            |piece| {
-                file.write_all_at(piece, at)?;
-                at += piece.len() as u64;
-                Ok(())
-            },
+            |piece, at| file.write_all_at(piece, at),
             || file.sync_data(),
         )?;
         file.sync_all()?;

@@ -93,14 +93,9 @@ fn write_and_link(
     body: &Body,
     pace: Pace,
 ) -> io::Result<()> {
-    let mut at = 0u64;
     pace.write(
         body.pieces().iter().map(|p| &p[..]),
-        |piece| {
-            file.write_all_at(piece, at)?;
-            at += piece.len() as u64;
-            Ok(())
-        },
+        |piece, at| file.write_all_at(piece, at),
         || file.sync_data(),
     )?;
     file.sync_all()?;
