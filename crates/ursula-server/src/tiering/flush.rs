@@ -47,9 +47,7 @@ impl Tiering {
         let Some((mut next, namespace, picked, bytes, hot)) = planned else {
             return 0;
         };
-        // A routine flush is written at the store's background pace (a local directory shares
-        // the WAL's disk); one that must make room goes flat out.
-        let urgent = force || hot >= self.cfg.flush_any_hot_size.saturating_mul(2);
+        let urgent = must_make_room(force, hot, self.cfg.flush_any_hot_size);
         // The namespace is committed before any object is written under it, so every object
         // this group uploads is under a namespace its state knows: an upload whose flush
         // never committed is found again at the group's next id (below), never lost.
@@ -239,5 +237,27 @@ impl Tiering {
                 false
             }
         }
+    }
+}
+
+/// Whether a flush must make room, and so is written flat out rather than at the store's
+/// background pace (a local directory shares the WAL's disk): a pressure flush (`force`), or a
+/// group holding twice `flush_any_hot_size`, where flushes are not keeping up.
+fn must_make_room(force: bool, hot: u64, flush_any_hot_size: u64) -> bool {
+    force || hot >= flush_any_hot_size.saturating_mul(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::must_make_room;
+
+    #[test]
+    fn a_flush_goes_flat_out_under_pressure_or_at_twice_the_any_size() {
+        const ANY: u64 = 16 << 20;
+        assert!(!must_make_room(false, 0, ANY));
+        assert!(!must_make_room(false, 2 * ANY - 1, ANY));
+        assert!(must_make_room(false, 2 * ANY, ANY));
+        assert!(must_make_room(true, 0, ANY));
+        assert!(must_make_room(false, u64::MAX, u64::MAX));
     }
 }
