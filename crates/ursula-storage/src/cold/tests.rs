@@ -20,14 +20,19 @@ async fn suite_memory() {
     testing::suite(&ObjectColdStore::memory(), &run_prefix("memory")).await;
 }
 
-#[tokio::test]
-async fn suite_local() {
-    let dir = tempfile::tempdir().unwrap();
+/// The default `local` store of a node whose data directory is `data_dir`.
+fn local_store(data_dir: &std::path::Path) -> Arc<dyn ColdStore> {
     let cfg = ColdConfig {
         backend: Some(Backend::Local),
         ..Default::default()
     };
-    let store = cfg.open(dir.path(), false).unwrap().unwrap();
+    cfg.open(data_dir, false).unwrap().unwrap()
+}
+
+#[tokio::test]
+async fn suite_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local_store(dir.path());
     testing::suite(store.as_ref(), &run_prefix("local")).await;
     assert!(
         dir.path().join("cold").is_dir(),
@@ -71,11 +76,7 @@ fn files_below(dir: &std::path::Path) -> Vec<String> {
 #[tokio::test]
 async fn a_local_create_is_a_plain_file_and_leaves_no_staging_file() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = ColdConfig {
-        backend: Some(Backend::Local),
-        ..Default::default()
-    };
-    let store = cfg.open(dir.path(), false).unwrap().unwrap();
+    let store = local_store(dir.path());
     // Several paced pieces, in several body pieces.
     let mut body = Body::new();
     let first: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
@@ -101,11 +102,7 @@ async fn a_local_create_is_a_plain_file_and_leaves_no_staging_file() {
 #[tokio::test]
 async fn a_local_create_that_cannot_make_its_directory_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = ColdConfig {
-        backend: Some(Backend::Local),
-        ..Default::default()
-    };
-    let store = cfg.open(dir.path(), false).unwrap().unwrap();
+    let store = local_store(dir.path());
     // A file where the object's directory should be.
     std::fs::write(dir.path().join("cold/blocked"), b"not a directory").unwrap();
     let key = ObjectKey::new("blocked/g00001/1.chunk").unwrap();

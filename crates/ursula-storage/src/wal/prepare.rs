@@ -186,14 +186,20 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const MIN: f64 = MIN_RATE as f64;
 
-    #[test]
-    fn a_rotation_does_not_wait_for_a_slow_paced_fill() {
+    /// A fresh WAL with segments of `segment_bytes`, and the directory holding it.
+    fn open_wal(segment_bytes: u64) -> (tempfile::TempDir, Wal) {
         let tmp = tempfile::tempdir().unwrap();
         let opts = WalOptions {
-            segment_bytes: 8 * MIB,
+            segment_bytes,
             ..Default::default()
         };
         let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        (tmp, wal)
+    }
+
+    #[test]
+    fn a_rotation_does_not_wait_for_a_slow_paced_fill() {
+        let (_tmp, wal) = open_wal(8 * MIB);
         // At 1 MiB/s the next segment's fill would take eight seconds.
         wal.inner
             .shared
@@ -221,12 +227,7 @@ mod tests {
 
     #[test]
     fn closing_the_wal_stops_a_paced_fill_and_deletes_its_file() {
-        let tmp = tempfile::tempdir().unwrap();
-        let opts = WalOptions {
-            segment_bytes: 32 * MIB,
-            ..Default::default()
-        };
-        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        let (tmp, wal) = open_wal(32 * MIB);
         let prepared = tmp.path().join(PREPARED_SEGMENT_NAME);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !prepared.exists() {
