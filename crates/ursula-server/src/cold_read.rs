@@ -14,7 +14,7 @@ use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 use std::sync::atomic::AtomicU64;
 use ursula_core::cold::ObjectId;
-use ursula_storage::chunk_object::{BLOCK_SIZE, ChunkError, ChunkLayout};
+use ursula_storage::chunk_object::{BLOCK_SIZE, ChunkError, ChunkLayout, ChunkVersion};
 use ursula_storage::cold::{CacheConfig, ColdError, ColdStore, ObjectKey};
 
 /// Why a cold read failed.
@@ -85,8 +85,9 @@ async fn read_checked(
     fetch_checked(layout, span, out, fetch).await
 }
 
-/// Fetches the object bytes of the blocks payload `[start, end)` touches with `fetch`, checks
-/// them and appends the payload to `out` as slices of the fetched bytes (nothing on an error).
+/// Fetches the object bytes of the blocks payload `[start, end)` touches (and their checksums)
+/// with `fetch`, checks them and appends the payload to `out` as slices of the fetched bytes
+/// (nothing on an error).
 pub(crate) async fn fetch_checked<F, Fut>(
     layout: ChunkLayout,
     (start, end): (u64, u64),
@@ -94,20 +95,26 @@ pub(crate) async fn fetch_checked<F, Fut>(
     fetch: F,
 ) -> Result<(), ReadError>
 where
-    F: FnOnce(std::ops::Range<u64>) -> Fut,
+    F: Fn(std::ops::Range<u64>) -> Fut,
     Fut: std::future::Future<Output = Result<Bytes, ReadError>>,
 {
-    let range = layout
-        .object_range(start, end - start)
+    let want = layout
+        .fetch(start, end - start)
         .map_err(ReadError::Corrupt)?;
-    let fetched = fetch(range).await?;
+    let crcs = match want.crcs {
+        Some(r) => Some(fetch(r).await?),
+        None => None,
+    };
+    let blocks = fetch(want.blocks).await?;
     layout
-        .extract(&fetched, start, end - start, out)
+        .extract((&blocks, crcs.as_ref()), start, end - start, out)
         .map_err(ReadError::Corrupt)
 }
 
 /// Appends the bytes of payload `[pos, pos + len)` of `object` (of `object_len` payload
-/// bytes, in `group`) to `out`, through `cache` when there is one. The pieces share the
+/// bytes, in `group`) to `out`, through `cache` when there is one. Objects in a store that is
+/// not a local directory are written interleaved (version 1, see
+/// [`ChunkVersion::for_local_files`]), so that one ranged request fetches blocks and checksums. The pieces share the
 /// fetched or cached buffers: nothing is copied here. Nothing is appended on an error.
 pub async fn read(
     store: &dyn ColdStore,
@@ -117,7 +124,7 @@ pub async fn read(
     (pos, len, object_len): (u64, u64, u64),
     out: &mut Vec<Bytes>,
 ) -> Result<(), ReadError> {
-    let layout = ChunkLayout::new(object_len);
+    let layout = ChunkLayout::new(ChunkVersion::for_local_files(false), object_len);
     let end = pos + len;
     let Some(c) = cache else {
         return read_checked(store, key, layout, (pos, end), out).await;
@@ -182,7 +189,7 @@ mod tests {
         let store = FaultyColdStore::new(std::sync::Arc::new(ObjectColdStore::memory()));
         let key = ObjectKey::new("chunks/g00000/00000000000000000001.chunk").unwrap();
         let p = payload(n);
-        let mut w = ChunkWriter::new(n as u64);
+        let mut w = ChunkWriter::new(ChunkVersion::Interleaved, n as u64);
         w.write(&p);
         store
             .put_if_absent(&key, Body::from(w.finish().unwrap()))

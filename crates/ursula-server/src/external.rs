@@ -144,7 +144,9 @@ async fn stage(
         };
     }
     let len = payload.len() as u64;
-    let mut w = ChunkWriter::new(len);
+    let probe = external_key(namespace, group, ObjectId(ObjectId::EXTERNAL_BIT))
+        .map_err(|e| store_failed(&e))?;
+    let mut w = ChunkWriter::new(t.chunk_version(&probe), len);
     w.write(payload);
     let object = Bytes::from(w.finish().ok_or_else(|| {
         ApiError::new(ErrorCode::INTERNAL_ERROR, "external object length mismatch")

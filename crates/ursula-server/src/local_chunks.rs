@@ -4,7 +4,11 @@
 //! Each block's checksum is still checked: the first read of a block since its object was
 //! opened reads it (and its crc32c) into memory, checks it and sends that copy. Later reads of
 //! a checked block hand out slices of the object's mapping, which leave by `sendfile` from the
-//! page cache without another check. A check holds for [`RECHECK_AFTER`] at most: an open
+//! page cache without another check. An object written in layout version 2 (the default for
+//! this backend, see `ursula_storage::chunk_object`) holds its payload in one run, so a run of
+//! checked blocks leaves as one slice, one `sendfile` call as large as the socket takes; a
+//! version 1 object (written before) leaves one block per call. The layout is read from the
+//! object's header when it is opened. A check holds for [`RECHECK_AFTER`] at most: an open
 //! object older than that is opened afresh, its blocks unchecked again, so a block that went
 //! bad on disk after its check is caught within that time (and by every whole-object read).
 //! Pieces under [`SENDFILE_MIN`] are always read and checked (they would not be sent by
@@ -24,15 +28,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use ursula_storage::chunk_object::{BLOCK_SIZE, ChunkError, ChunkLayout};
 use ursula_storage::cold::ColdError;
+use ursula_storage::cold::object::HEADER_LEN;
 
 /// How long a block's check is trusted (see the module docs).
 pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
 /// Objects kept open (one file descriptor and one mapping each).
 const OPEN_OBJECTS: usize = 256;
 
-/// An open chunk object and which of its blocks were checked.
+/// An open chunk object, its layout (from its header) and which of its blocks were checked.
 struct Open {
     file: Arc<Mapped>,
+    layout: ChunkLayout,
     checked: Box<[AtomicBool]>,
     opened: Instant,
 }
@@ -67,8 +73,9 @@ fn unavailable(e: std::io::Error) -> ReadError {
 }
 
 impl LocalChunks {
-    /// The object at `path`, opened if it is not (or was opened too long ago).
-    async fn get(&self, path: &Path, layout: ChunkLayout) -> Result<Arc<Open>, ReadError> {
+    /// The object at `path`, of `payload_len` payload bytes, opened if it is not (or was
+    /// opened too long ago).
+    async fn get(&self, path: &Path, payload_len: u64) -> Result<Arc<Open>, ReadError> {
         if let Some(open) = self.open.get(path)
             && open.opened.elapsed() < RECHECK_AFTER
         {
@@ -89,22 +96,27 @@ impl LocalChunks {
         }
         self.open.remove(path);
         let p = path.to_owned();
-        let file = tokio::task::spawn_blocking(move || Mapped::new(std::fs::File::open(&p)?))
+        let opened = tokio::task::spawn_blocking(move || {
+            let file = Mapped::new(std::fs::File::open(&p)?)?;
+            let header = file.read(0, HEADER_LEN.min(file.len() as usize) as u64)?;
+            Ok::<_, std::io::Error>((file, header))
+        });
+        let (file, header) = opened
             .await
             .map_err(|e| store_error(path, std::io::Error::other(e)))?
             .map_err(|e| store_error(path, e))?;
-        // The layout's last block ends this far into the object; a shorter file is corrupt.
-        let need = layout
-            .object_range(0, layout.payload_len)
-            .map_or(0, |r| r.end);
-        if file.len() < need {
+        // The header says the layout (both versions are read); a header that does not fit
+        // the payload the reference records, or a file shorter than its body, is corrupt.
+        let layout = ChunkLayout::from_header(&header, payload_len).map_err(ReadError::Corrupt)?;
+        if file.len() < layout.body_end() {
             return Err(ReadError::Corrupt(ChunkError::Short {
-                expected: need,
+                expected: layout.body_end(),
                 got: file.len(),
             }));
         }
         let open = Arc::new(Open {
             file,
+            layout,
             checked: (0..layout.blocks())
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -122,32 +134,31 @@ impl LocalChunks {
         (pos, len, object_len): (u64, u64, u64),
         out: &mut Vec<Bytes>,
     ) -> Result<(), ReadError> {
-        let layout = ChunkLayout::new(object_len);
-        layout.object_range(pos, len).map_err(ReadError::Corrupt)?;
-        let open = self.get(path, layout).await?;
+        let open = self.get(path, object_len).await?;
+        let layout = open.layout;
+        layout.fetch(pos, len).map_err(ReadError::Corrupt)?;
         let mark = out.len();
         let end = pos + len;
         let mut at = pos;
+        // The end of payload position `from`'s block, or of `end` if that comes first.
+        let piece_end = |from: u64| end.min((from / BLOCK_SIZE + 1) * BLOCK_SIZE);
         while at < end {
-            // The next run of blocks to read and check, or one checked block to map.
-            let block = at / BLOCK_SIZE;
-            let piece_end = end.min((block + 1) * BLOCK_SIZE);
-            if self.mappable(&open, block, piece_end - at) {
-                let lo = layout.block_offset(block) + at % BLOCK_SIZE;
-                out.push(open.file.bytes(lo as usize, (lo + piece_end - at) as usize));
-                at = piece_end;
-                continue;
+            // A run of checked blocks to send from the mapping (a version 2 object's blocks
+            // lie end to end, so such a run is one slice however many blocks it spans; a
+            // version 1 run is one block), or a run of unchecked blocks to read and check.
+            let checked = Self::checked(&open, at / BLOCK_SIZE);
+            let mut run_end = piece_end(at);
+            while run_end < end
+                && (layout.contiguous() || !checked)
+                && Self::checked(&open, run_end / BLOCK_SIZE) == checked
+            {
+                run_end = piece_end(run_end);
             }
-            let mut run_end = piece_end;
-            while run_end < end {
-                let b = run_end / BLOCK_SIZE;
-                let n = end.min((b + 1) * BLOCK_SIZE) - run_end;
-                if self.mappable(&open, b, n) {
-                    break;
-                }
-                run_end = end.min((b + 1) * BLOCK_SIZE);
-            }
-            if let Err(e) = check_run(&open, layout, (at, run_end), out).await {
+            // Pieces under `SENDFILE_MIN` would not be sent by `sendfile` anyway: read them.
+            if checked && run_end - at >= SENDFILE_MIN as u64 {
+                let lo = layout.offset_of(at);
+                out.push(open.file.bytes(lo as usize, (lo + run_end - at) as usize));
+            } else if let Err(e) = check_run(&open, (at, run_end), out).await {
                 out.truncate(mark);
                 return Err(e);
             }
@@ -156,12 +167,10 @@ impl LocalChunks {
         Ok(())
     }
 
-    fn mappable(&self, open: &Open, block: u64, piece: u64) -> bool {
-        piece >= SENDFILE_MIN as u64
-            && open
-                .checked
-                .get(block as usize)
-                .is_some_and(|c| c.load(Ordering::Acquire))
+    fn checked(open: &Open, block: u64) -> bool {
+        open.checked
+            .get(block as usize)
+            .is_some_and(|c| c.load(Ordering::Acquire))
     }
 }
 
@@ -169,7 +178,6 @@ impl LocalChunks {
 /// and marks the blocks checked.
 async fn check_run(
     open: &Arc<Open>,
-    layout: ChunkLayout,
     (start, end): (u64, u64),
     out: &mut Vec<Bytes>,
 ) -> Result<(), ReadError> {
@@ -186,7 +194,7 @@ async fn check_run(
             Err(e) => Err(unavailable(std::io::Error::other(e))),
         }
     };
-    crate::cold_read::fetch_checked(layout, (start, end), out, fetch).await?;
+    crate::cold_read::fetch_checked(open.layout, (start, end), out, fetch).await?;
     for b in start / BLOCK_SIZE..=(end - 1) / BLOCK_SIZE {
         if let Some(c) = open.checked.get(b as usize) {
             c.store(true, Ordering::Release);
@@ -199,14 +207,19 @@ async fn check_run(
 #[allow(clippy::unwrap_used, reason = "tests")]
 mod tests {
     use super::*;
-    use crate::send_file::SENDFILE_MIN;
-    use ursula_storage::chunk_object::ChunkWriter;
+    use ursula_storage::chunk_object::{ChunkVersion, ChunkWriter};
+
+    const BOTH: [ChunkVersion; 2] = [ChunkVersion::Interleaved, ChunkVersion::Contiguous];
 
     fn object(n: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+        object_in(ChunkVersion::Contiguous, n)
+    }
+
+    fn object_in(v: ChunkVersion, n: usize) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("o.chunk");
         let p: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
-        let mut w = ChunkWriter::new(n as u64);
+        let mut w = ChunkWriter::new(v, n as u64);
         w.write(&p);
         std::fs::write(&path, w.finish().unwrap()).unwrap();
         (dir, path, p)
@@ -221,21 +234,56 @@ mod tests {
     #[tokio::test]
     async fn reads_match_the_payload_and_checked_blocks_are_mapped() {
         let n = 5 * BLOCK_SIZE as usize + 777;
+        for v in BOTH {
+            let (_d, path, p) = object_in(v, n);
+            let c = LocalChunks::default();
+            for (pos, len) in [(0, n), (3, 10), (70_000, 200_000), (n - 5, 5)] {
+                let got = read(&c, &path, (pos as u64, len as u64, n as u64)).await;
+                assert!(got.concat() == p[pos..pos + len], "{v:?} {pos}+{len}");
+            }
+            // Everything was checked once: a whole read now maps every big piece, as one
+            // slice per whole block (version 1; the short last block is read) or one slice
+            // for the whole payload (version 2).
+            let got = read(&c, &path, (0, n as u64, n as u64)).await;
+            assert!(got.concat() == p);
+            let mapped: Vec<usize> = got
+                .iter()
+                .filter(|b| crate::send_file::tests_source_of(b))
+                .map(Bytes::len)
+                .collect();
+            let block = BLOCK_SIZE as usize;
+            match v {
+                ChunkVersion::Interleaved => assert_eq!(mapped, [block; 5]),
+                ChunkVersion::Contiguous => assert_eq!(mapped, [n]),
+            }
+            // A range across checked blocks, starting and ending inside them.
+            let got = read(&c, &path, (1000, 3 * block as u64, n as u64)).await;
+            assert!(got.concat() == p[1000..1000 + 3 * block]);
+            if v == ChunkVersion::Contiguous {
+                assert_eq!(got.len(), 1);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_run_of_unchecked_blocks_between_checked_ones_is_checked_and_read() {
+        let block = BLOCK_SIZE as usize;
+        let n = 6 * block;
         let (_d, path, p) = object(n);
         let c = LocalChunks::default();
-        for (pos, len) in [(0, n), (3, 10), (70_000, 200_000), (n - 5, 5)] {
-            let got = read(&c, &path, (pos as u64, len as u64, n as u64)).await;
-            assert!(got.concat() == p[pos..pos + len], "{pos}+{len}");
+        // Check blocks 0 and 4, then read everything: mapped, checked, mapped, checked.
+        for b in [0, 4] {
+            read(&c, &path, ((b * block) as u64, block as u64, n as u64)).await;
         }
-        // Everything was checked once: a whole read now maps every big piece.
         let got = read(&c, &path, (0, n as u64, n as u64)).await;
         assert!(got.concat() == p);
-        let mapped = got
+        let lens: Vec<usize> = got.iter().map(Bytes::len).collect();
+        assert_eq!(lens, [block, 3 * block, block, block]);
+        let mapped: Vec<bool> = got
             .iter()
-            .filter(|b| b.len() >= SENDFILE_MIN)
-            .filter(|b| crate::send_file::tests_source_of(b))
-            .count();
-        assert_eq!(mapped, 5, "the five whole blocks are slices of the mapping");
+            .map(|b| crate::send_file::tests_source_of(b))
+            .collect();
+        assert_eq!(mapped, [true, false, true, false]);
     }
 
     #[tokio::test]
@@ -243,7 +291,9 @@ mod tests {
         let n = 3 * BLOCK_SIZE as usize;
         let (_d, path, _p) = object(n);
         let mut bytes = std::fs::read(&path).unwrap();
-        let at = ChunkLayout::new(n as u64).block_offset(1) as usize + 100;
+        let at = ChunkLayout::new(ChunkVersion::Contiguous, n as u64).offset_of(BLOCK_SIZE)
+            as usize
+            + 100;
         bytes[at] ^= 1;
         std::fs::write(&path, bytes).unwrap();
         let c = LocalChunks::default();
@@ -286,7 +336,7 @@ mod tests {
         }
         // Replaced by another file of the same length (a rename over it, as a store writes).
         let other: Vec<u8> = p.iter().map(|b| b ^ 0x55).collect();
-        let mut w = ChunkWriter::new(n as u64);
+        let mut w = ChunkWriter::new(ChunkVersion::Contiguous, n as u64);
         w.write(&other);
         let aside = path.with_extension("new");
         std::fs::write(&aside, w.finish().unwrap()).unwrap();
@@ -306,7 +356,17 @@ mod tests {
             missing,
             Err(ReadError::Store(ColdError::NotFound { .. }))
         ));
-        let short = c.read(&path, (0, 10, 200_000), &mut out).await;
+        // A reference to a longer payload than the object's header declares.
+        let other = c.read(&path, (0, 10, 200_000), &mut out).await;
+        assert!(matches!(
+            other,
+            Err(ReadError::Corrupt(ChunkError::BadHeader { .. }))
+        ));
+        // A file cut short after its header.
+        let bytes = std::fs::read(&path).unwrap();
+        let cut = path.with_extension("cut");
+        std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+        let short = c.read(&cut, (0, 10, 100_000), &mut out).await;
         assert!(matches!(
             short,
             Err(ReadError::Corrupt(ChunkError::Short { .. }))

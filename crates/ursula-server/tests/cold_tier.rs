@@ -127,6 +127,21 @@ fn streams_larger_than_the_hot_tier_read_back_exact_across_tiers() {
         s.metrics()
     );
 
+    // The `local` backend writes its objects in layout version 2 (checksums first, then the
+    // payload in one run), which is what lets a checked range leave in one `sendfile`.
+    let versions = chunk_files(&tmp.path().join("data/cold/chunks"))
+        .iter()
+        .map(|f| {
+            let head = std::fs::read(f).unwrap();
+            assert_eq!(&head[..4], b"UCHK", "{}", f.display());
+            u16::from_le_bytes([head[4], head[5]])
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        !versions.is_empty() && versions.iter().all(|v| *v == 2),
+        "{versions:?}"
+    );
+
     // A read that starts inside a cold chunk and ends in the hot tail.
     let mid = want[1].len() / 3;
     let r = s.get(&format!("/cold/s1?offset={}", off20(mid as u64)));
@@ -478,6 +493,23 @@ fn the_cold_tier_works_on_a_real_s3_server() {
 /// An object left by a flush that uploaded but never committed (a crash between the two) is
 /// found by the next flush of its group, queued for deletion and deleted; the flush goes on
 /// with the next id.
+/// Every `.chunk` file below `dir`.
+fn chunk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "chunk") {
+                found.push(p);
+            }
+        }
+    }
+    found
+}
+
 /// The highest id among the `{id:020}.chunk` objects in `dir`.
 fn last_chunk_id(dir: &Path) -> u64 {
     std::fs::read_dir(dir)

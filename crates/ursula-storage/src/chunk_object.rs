@@ -1,24 +1,76 @@
 //! The layout of a cold chunk object: the flushed bytes of one or more streams, packed by a
 //! group's leader (cluster.md §6.2). Pure encoding and decoding, no IO.
 //!
-//! A chunk object is a [`crate::cold::object`] frame with magic `UCHK`, version 1. Readers
-//! fetch ranges of an object, not whole objects, and the frame's checksum covers the whole
-//! object, so the body carries checksums of its own: the payload is cut into blocks of
-//! [`BLOCK_SIZE`] bytes (the last one shorter), each followed by its crc32c, and a ranged
-//! read fetches and checks just the blocks it touches. Payload position `p` is at object
-//! offset `HEADER_LEN + (p / B) * (B + 4) + p % B`. The frame's own checksum still lets a
-//! whole-object read (a copy, a compaction, a scrub) check everything at once.
+//! A chunk object is a [`crate::cold::object`] frame with magic `UCHK`. Readers fetch ranges
+//! of an object, not whole objects, and the frame's checksum covers the whole object, so the
+//! body carries checksums of its own: the payload is cut into blocks of [`BLOCK_SIZE`] bytes
+//! (the last one shorter), each with its crc32c, and a ranged read checks just the blocks it
+//! touches. The frame's own checksum still lets a whole-object read (a copy, a compaction, a
+//! scrub) check everything at once. Two layouts of the body, both readable:
+//!
+//! ```text
+//! version 1, interleaved:  block 0 | crc 0 | block 1 | crc 1 | ...
+//! version 2, contiguous:   crc 0 | crc 1 | ... | block 0 | block 1 | ...
+//! ```
+//!
+//! In version 1 payload position `p` is at object offset `HEADER_LEN + (p / B) * (B + 4) +
+//! p % B`: one ranged request fetches a range's blocks with their checksums, which suits a
+//! remote store. In version 2 it is at `HEADER_LEN + 4 * blocks + p`: the payload is one run of
+//! the file, so a `local` store sends any checked range of it with a single `sendfile`
+//! (version 1 needs one call per block, and the kernel cuts each call into its own packets).
+//! A reader learns the version from the object's header (a `local` file) or knows it from
+//! where the object lives (see [`ChunkVersion::for_local_files`]).
 
 use crate::cold::object::{HEADER_LEN, ObjectWriter, magic};
 use bytes::Bytes;
 use std::fmt;
 use std::ops::Range;
 
-/// Frame version of chunk objects written by this build.
-pub const CHUNK_VERSION: u16 = 1;
-/// Payload bytes per block in version 1. Persisted: must stay stable for version 1.
+/// Payload bytes per block, in both versions. Persisted: must stay stable.
 pub const BLOCK_SIZE: u64 = 64 * 1024;
 const CRC_LEN: u64 = 4;
+
+/// The body layouts of chunk objects (the frame's version field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkVersion {
+    /// Version 1: each block followed by its checksum.
+    Interleaved,
+    /// Version 2: every block's checksum first, then the payload in one run.
+    Contiguous,
+}
+
+impl ChunkVersion {
+    /// The frame version.
+    pub fn number(self) -> u16 {
+        match self {
+            ChunkVersion::Interleaved => 1,
+            ChunkVersion::Contiguous => 2,
+        }
+    }
+
+    /// The layout of frame version `v`, if this build reads it.
+    pub fn from_number(v: u16) -> Option<ChunkVersion> {
+        match v {
+            1 => Some(ChunkVersion::Interleaved),
+            2 => Some(ChunkVersion::Contiguous),
+            _ => None,
+        }
+    }
+
+    /// Every version this build reads.
+    pub const READABLE: [u16; 2] = [1, 2];
+
+    /// The layout to write for an object that is read from a local file (`true`: sent with
+    /// `sendfile`, so contiguous) or by ranged requests to a store (interleaved: one request
+    /// per range).
+    pub fn for_local_files(local: bool) -> ChunkVersion {
+        if local {
+            ChunkVersion::Contiguous
+        } else {
+            ChunkVersion::Interleaved
+        }
+    }
+}
 
 /// Why a chunk read was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +81,8 @@ pub enum ChunkError {
     Short { expected: u64, got: u64 },
     /// A block failed its checksum: the object is corrupt.
     BadBlock { block: u64 },
+    /// The object's header is not that of a chunk object of the expected payload.
+    BadHeader { reason: String },
 }
 
 impl fmt::Display for ChunkError {
@@ -45,30 +99,103 @@ impl fmt::Display for ChunkError {
                 )
             }
             ChunkError::BadBlock { block } => write!(f, "chunk block {block} fails its checksum"),
+            ChunkError::BadHeader { reason } => write!(f, "chunk object header: {reason}"),
         }
     }
 }
 
 impl std::error::Error for ChunkError {}
 
-/// Where the blocks of a version-1 chunk object of `payload_len` payload bytes lie.
+/// Where the blocks and checksums of a chunk object of `payload_len` payload bytes lie.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkLayout {
     pub payload_len: u64,
+    pub version: ChunkVersion,
+}
+
+/// The object ranges a read of part of the payload fetches: the blocks it touches and, in
+/// version 2, their checksums apart from them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetch {
+    /// Version 1: the blocks with their checksums. Version 2: the blocks.
+    pub blocks: Range<u64>,
+    /// Version 2: the checksums of those blocks.
+    pub crcs: Option<Range<u64>>,
 }
 
 impl ChunkLayout {
-    pub fn new(payload_len: u64) -> Self {
-        ChunkLayout { payload_len }
+    pub fn new(version: ChunkVersion, payload_len: u64) -> Self {
+        ChunkLayout {
+            payload_len,
+            version,
+        }
+    }
+
+    /// Reads the layout from an object's first [`HEADER_LEN`] bytes, checking that it is a
+    /// chunk object of a readable version whose body fits `payload_len` payload bytes.
+    pub fn from_header(header: &[u8], payload_len: u64) -> Result<Self, ChunkError> {
+        let bad = |reason: String| ChunkError::BadHeader { reason };
+        let h: &[u8; HEADER_LEN] = header
+            .get(..HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or_else(|| bad(format!("{} bytes, not {HEADER_LEN}", header.len())))?;
+        if h[0..4] != magic::CHUNK {
+            return Err(bad(format!("magic {:?} is not UCHK", &h[0..4])));
+        }
+        let v = u16::from_le_bytes([h[4], h[5]]);
+        let version =
+            ChunkVersion::from_number(v).ok_or_else(|| bad(format!("unknown version {v}")))?;
+        let layout = ChunkLayout::new(version, payload_len);
+        let mut body = [0u8; 8];
+        body.copy_from_slice(&h[8..16]);
+        let body = u64::from_le_bytes(body);
+        if body != layout.body_len() {
+            return Err(bad(format!(
+                "a {body}-byte body, not the {} bytes of a {payload_len}-byte payload",
+                layout.body_len()
+            )));
+        }
+        Ok(layout)
     }
 
     /// Body bytes (blocks and their checksums).
     pub fn body_len(&self) -> u64 {
-        self.payload_len + self.payload_len.div_ceil(BLOCK_SIZE) * CRC_LEN
+        self.payload_len + self.blocks() * CRC_LEN
     }
 
-    /// The object byte range holding every block that payload `[pos, pos + len)` touches.
-    pub fn object_range(&self, pos: u64, len: u64) -> Result<Range<u64>, ChunkError> {
+    /// Where the body ends in the object (the footer follows).
+    pub fn body_end(&self) -> u64 {
+        HEADER_LEN as u64 + self.body_len()
+    }
+
+    /// Blocks of the payload.
+    pub fn blocks(&self) -> u64 {
+        self.payload_len.div_ceil(BLOCK_SIZE)
+    }
+
+    /// Whether the payload is one run of the object (version 2).
+    pub fn contiguous(&self) -> bool {
+        self.version == ChunkVersion::Contiguous
+    }
+
+    /// Where payload position `pos` lies in the object.
+    pub fn offset_of(&self, pos: u64) -> u64 {
+        let header = HEADER_LEN as u64;
+        match self.version {
+            ChunkVersion::Interleaved => {
+                header + (pos / BLOCK_SIZE) * (BLOCK_SIZE + CRC_LEN) + pos % BLOCK_SIZE
+            }
+            ChunkVersion::Contiguous => header + self.blocks() * CRC_LEN + pos,
+        }
+    }
+
+    fn block_len(&self, block: u64) -> u64 {
+        (self.payload_len - block * BLOCK_SIZE).min(BLOCK_SIZE)
+    }
+
+    /// The object ranges holding every block that payload `[pos, pos + len)` touches, with
+    /// their checksums.
+    pub fn fetch(&self, pos: u64, len: u64) -> Result<Fetch, ChunkError> {
         let end = pos.checked_add(len).filter(|e| *e <= self.payload_len);
         let Some(end) = end.filter(|_| len > 0) else {
             return Err(ChunkError::OutOfRange {
@@ -78,57 +205,84 @@ impl ChunkLayout {
             });
         };
         let (first, last) = (pos / BLOCK_SIZE, (end - 1) / BLOCK_SIZE);
-        let last_len = (self.payload_len - last * BLOCK_SIZE).min(BLOCK_SIZE);
-        Ok(self.block_offset(first)..self.block_offset(last) + last_len + CRC_LEN)
+        let start = self.offset_of(first * BLOCK_SIZE);
+        let stop = self.offset_of(last * BLOCK_SIZE) + self.block_len(last);
+        Ok(match self.version {
+            ChunkVersion::Interleaved => Fetch {
+                blocks: start..stop + CRC_LEN,
+                crcs: None,
+            },
+            ChunkVersion::Contiguous => {
+                let table = HEADER_LEN as u64;
+                Fetch {
+                    blocks: start..stop,
+                    crcs: Some(table + first * CRC_LEN..table + (last + 1) * CRC_LEN),
+                }
+            }
+        })
     }
 
-    /// Blocks of the payload.
-    pub fn blocks(&self) -> u64 {
-        self.payload_len.div_ceil(BLOCK_SIZE)
-    }
-
-    /// Where payload block `block`'s bytes start in the object (its checksum follows them).
-    pub fn block_offset(&self, block: u64) -> u64 {
-        HEADER_LEN as u64 + block * (BLOCK_SIZE + CRC_LEN)
-    }
-
-    /// Checks the blocks fetched for [`ChunkLayout::object_range`]`(pos, len)` and appends
-    /// payload `[pos, pos + len)` to `out` as slices of `fetched` (one per block touched, no
-    /// copy).
+    /// Checks the bytes fetched for [`ChunkLayout::fetch`]`(pos, len)` (`blocks`, and `crcs`
+    /// in version 2) and appends payload `[pos, pos + len)` to `out` as slices of `blocks`, no
+    /// copy: one per block in version 1, one in all in version 2. Nothing is appended on an
+    /// error.
     pub fn extract(
         &self,
-        fetched: &Bytes,
+        (blocks, crcs): (&Bytes, Option<&Bytes>),
         pos: u64,
         len: u64,
         out: &mut Vec<Bytes>,
     ) -> Result<(), ChunkError> {
-        let range = self.object_range(pos, len)?;
-        let expected = range.end - range.start;
-        if fetched.len() as u64 != expected {
-            return Err(ChunkError::Short {
-                expected,
-                got: fetched.len() as u64,
-            });
+        let want = self.fetch(pos, len)?;
+        let short = |expected: u64, got: usize| ChunkError::Short {
+            expected,
+            got: got as u64,
+        };
+        if blocks.len() as u64 != want.blocks.end - want.blocks.start {
+            return Err(short(want.blocks.end - want.blocks.start, blocks.len()));
         }
-        let mark = out.len();
-        let mut block = pos / BLOCK_SIZE;
-        let mut at = 0usize;
         let end = pos + len;
-        while at < fetched.len() {
-            let start = block * BLOCK_SIZE;
-            let n = (self.payload_len - start).min(BLOCK_SIZE) as usize;
-            let data = fetched.get(at..at + n);
-            let crc = fetched.get(at + n..at + n + CRC_LEN as usize);
-            let want = crc.and_then(|c| <[u8; 4]>::try_from(c).ok().map(u32::from_le_bytes));
-            if data.is_none_or(|d| want != Some(crc32c::crc32c(d))) {
+        let first = pos / BLOCK_SIZE;
+        let stride = match self.version {
+            ChunkVersion::Interleaved => CRC_LEN as usize,
+            ChunkVersion::Contiguous => 0,
+        };
+        let table = match (want.crcs, crcs) {
+            (None, _) => None,
+            (Some(r), Some(c)) if c.len() as u64 == r.end - r.start => Some(c),
+            (Some(r), c) => return Err(short(r.end - r.start, c.map_or(0, Bytes::len))),
+        };
+        let crc_at = |i: usize, data_end: usize| -> Option<u32> {
+            let c = match table {
+                Some(t) => t.get(i * 4..i * 4 + 4),
+                None => blocks.get(data_end..data_end + 4),
+            };
+            c.and_then(|c| <[u8; 4]>::try_from(c).ok())
+                .map(u32::from_le_bytes)
+        };
+        let mark = out.len();
+        let mut at = 0usize;
+        let mut block = first;
+        while at < blocks.len() {
+            let n = self.block_len(block) as usize;
+            let data = blocks.get(at..at + n);
+            let expected = crc_at((block - first) as usize, at + n);
+            if data.is_none_or(|d| expected != Some(crc32c::crc32c(d))) {
                 out.truncate(mark);
                 return Err(ChunkError::BadBlock { block });
             }
-            let lo = (pos.max(start) - start) as usize;
-            let hi = (end.min(start + n as u64) - start) as usize;
-            out.push(fetched.slice(at + lo..at + hi));
-            at += n + CRC_LEN as usize;
+            if stride > 0 {
+                let start = block * BLOCK_SIZE;
+                let lo = (pos.max(start) - start) as usize;
+                let hi = (end.min(start + n as u64) - start) as usize;
+                out.push(blocks.slice(at + lo..at + hi));
+            }
+            at += n + stride;
             block += 1;
+        }
+        if stride == 0 {
+            let lo = (pos - first * BLOCK_SIZE) as usize;
+            out.push(blocks.slice(lo..lo + len as usize));
         }
         Ok(())
     }
@@ -138,28 +292,35 @@ impl ChunkLayout {
 pub struct ChunkWriter {
     out: Vec<u8>,
     frame: ObjectWriter,
+    layout: ChunkLayout,
     /// Payload bytes in the block being filled, and where that block starts in `out`.
     in_block: usize,
     block_at: usize,
+    /// Blocks sealed so far.
+    sealed: u64,
     written: u64,
-    expected: u64,
 }
 
 impl ChunkWriter {
-    /// A writer for an object of exactly `payload_len` payload bytes.
-    pub fn new(payload_len: u64) -> ChunkWriter {
-        let layout = ChunkLayout::new(payload_len);
-        let frame = ObjectWriter::new(magic::CHUNK, CHUNK_VERSION, layout.body_len());
-        let cap = HEADER_LEN as u64 + layout.body_len() + 8;
+    /// A writer for an object of exactly `payload_len` payload bytes in layout `version`.
+    pub fn new(version: ChunkVersion, payload_len: u64) -> ChunkWriter {
+        let layout = ChunkLayout::new(version, payload_len);
+        let frame = ObjectWriter::new(magic::CHUNK, version.number(), layout.body_len());
+        let cap = layout.body_end() + 8;
         let mut out = Vec::with_capacity(usize::try_from(cap).unwrap_or(0));
         out.extend_from_slice(frame.header());
+        if layout.contiguous() {
+            // The checksum table, filled in as blocks are sealed.
+            out.resize(layout.offset_of(0) as usize, 0);
+        }
         ChunkWriter {
             block_at: out.len(),
             out,
             frame,
+            layout,
             in_block: 0,
+            sealed: 0,
             written: 0,
-            expected: payload_len,
         }
     }
 
@@ -184,9 +345,17 @@ impl ChunkWriter {
     }
 
     fn seal_block(&mut self) {
-        let crc = crc32c::crc32c(&self.out[self.block_at..]);
-        self.out.extend_from_slice(&crc.to_le_bytes());
-        self.frame.update(&self.out[self.block_at..]);
+        let crc = crc32c::crc32c(&self.out[self.block_at..]).to_le_bytes();
+        if self.layout.contiguous() {
+            let at = HEADER_LEN + self.sealed as usize * CRC_LEN as usize;
+            if let Some(slot) = self.out.get_mut(at..at + CRC_LEN as usize) {
+                slot.copy_from_slice(&crc);
+            }
+        } else {
+            self.out.extend_from_slice(&crc);
+            self.frame.update(&self.out[self.block_at..]);
+        }
+        self.sealed += 1;
         self.block_at = self.out.len();
         self.in_block = 0;
     }
@@ -197,8 +366,12 @@ impl ChunkWriter {
         if self.in_block > 0 {
             self.seal_block();
         }
-        if self.written != self.expected {
+        if self.written != self.layout.payload_len {
             return None;
+        }
+        if self.layout.contiguous() {
+            // The table was written last, so the frame's checksum is taken now, in one pass.
+            self.frame.update(&self.out[HEADER_LEN..]);
         }
         let footer = self.frame.finish();
         self.out.extend_from_slice(&footer);
@@ -214,8 +387,10 @@ mod tests {
     use crate::cold::object;
     use proptest::prelude::*;
 
-    fn object_of(payload: &[u8], cuts: &[usize]) -> Vec<u8> {
-        let mut w = ChunkWriter::new(payload.len() as u64);
+    const BOTH: [ChunkVersion; 2] = [ChunkVersion::Interleaved, ChunkVersion::Contiguous];
+
+    fn object_of(v: ChunkVersion, payload: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut w = ChunkWriter::new(v, payload.len() as u64);
         let mut at = 0;
         for c in cuts {
             let c = (*c).min(payload.len()).max(at);
@@ -230,6 +405,23 @@ mod tests {
         (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
     }
 
+    /// What a store hands back for `f`: the ranges of `obj` it names.
+    fn fetched(obj: &[u8], f: &Fetch) -> (Bytes, Option<Bytes>) {
+        let cut = |r: &Range<u64>| Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize]);
+        (cut(&f.blocks), f.crcs.as_ref().map(cut))
+    }
+
+    fn read(
+        layout: &ChunkLayout,
+        obj: &[u8],
+        pos: u64,
+        len: u64,
+        out: &mut Vec<Bytes>,
+    ) -> Result<(), ChunkError> {
+        let (blocks, crcs) = fetched(obj, &layout.fetch(pos, len)?);
+        layout.extract((&blocks, crcs.as_ref()), pos, len, out)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -240,71 +432,120 @@ mod tests {
             cuts in prop::collection::vec(0usize..300_000, 0..4),
             a in any::<u64>(),
             b in any::<u64>(),
+            v in prop::sample::select(BOTH.to_vec()),
         ) {
             let payload = payload(n, seed);
-            let obj = object_of(&payload, &cuts);
-            let framed = object::decode(magic::CHUNK, &[CHUNK_VERSION], &obj).unwrap();
-            let layout = ChunkLayout::new(n as u64);
+            let obj = object_of(v, &payload, &cuts);
+            let framed = object::decode(magic::CHUNK, &ChunkVersion::READABLE, &obj).unwrap();
+            prop_assert_eq!(framed.version, v.number());
+            let layout = ChunkLayout::from_header(&obj, n as u64).unwrap();
+            prop_assert_eq!(layout, ChunkLayout::new(v, n as u64));
             prop_assert_eq!(framed.body.len() as u64, layout.body_len());
             let pos = a % n as u64;
             let len = 1 + b % (n as u64 - pos);
-            let r = layout.object_range(pos, len).unwrap();
             let mut out = Vec::new();
-            let fetched = Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize]);
-            layout.extract(&fetched, pos, len, &mut out).unwrap();
-            prop_assert!(out.iter().all(|b| !b.is_empty() && b.len() as u64 <= BLOCK_SIZE));
+            read(&layout, &obj, pos, len, &mut out).unwrap();
+            prop_assert!(out.iter().all(|b| !b.is_empty()));
+            if v == ChunkVersion::Contiguous {
+                prop_assert_eq!(out.len(), 1);
+                let at = layout.offset_of(pos) as usize;
+                prop_assert_eq!(&obj[at..at + len as usize], &payload[pos as usize..(pos + len) as usize]);
+            } else {
+                prop_assert!(out.iter().all(|b| b.len() as u64 <= BLOCK_SIZE));
+            }
             prop_assert_eq!(&out.concat()[..], &payload[pos as usize..(pos + len) as usize]);
         }
 
         #[test]
-        fn a_flipped_byte_in_a_read_block_is_refused(
+        fn a_flipped_byte_in_a_read_block_or_its_checksum_is_refused(
             n in 1usize..200_000,
             flip in any::<u64>(),
+            v in prop::sample::select(BOTH.to_vec()),
         ) {
-            let mut obj = object_of(&payload(n, 7), &[]);
-            let layout = ChunkLayout::new(n as u64);
-            let r = layout.object_range(0, n as u64).unwrap();
-            let at = r.start + flip % (r.end - r.start);
+            let mut obj = object_of(v, &payload(n, 7), &[]);
+            let layout = ChunkLayout::new(v, n as u64);
+            // Any byte of the body: every one is a block byte or a checksum of one.
+            let body = HEADER_LEN as u64..layout.body_end();
+            let at = body.start + flip % (body.end - body.start);
             obj[at as usize] ^= 0x40;
-            let fetched = Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize]);
             let mut out = vec![Bytes::from_static(b"kept")];
-            prop_assert!(layout.extract(&fetched, 0, n as u64, &mut out).is_err());
+            prop_assert!(read(&layout, &obj, 0, n as u64, &mut out).is_err());
             prop_assert_eq!(out, vec![Bytes::from_static(b"kept")]);
-            prop_assert!(object::decode(magic::CHUNK, &[CHUNK_VERSION], &obj).is_err());
+            prop_assert!(object::decode(magic::CHUNK, &ChunkVersion::READABLE, &obj).is_err());
         }
     }
 
     #[test]
     fn ranges_outside_the_payload_and_short_fetches_are_refused() {
-        let obj = object_of(&[7; 3000], &[]);
-        let layout = ChunkLayout::new(3000);
+        for v in BOTH {
+            let obj = object_of(v, &[7; 3000], &[]);
+            let layout = ChunkLayout::new(v, 3000);
+            assert!(matches!(
+                layout.fetch(2999, 2),
+                Err(ChunkError::OutOfRange { .. })
+            ));
+            assert!(layout.fetch(0, 0).is_err());
+            let (blocks, crcs) = fetched(&obj, &layout.fetch(1000, 100).unwrap());
+            let short = blocks.slice(..blocks.len() - 1);
+            assert!(matches!(
+                layout.extract((&short, crcs.as_ref()), 1000, 100, &mut Vec::new()),
+                Err(ChunkError::Short { .. })
+            ));
+        }
+        let layout = ChunkLayout::new(ChunkVersion::Contiguous, 3000);
+        let obj = object_of(ChunkVersion::Contiguous, &[7; 3000], &[]);
+        let (blocks, _) = fetched(&obj, &layout.fetch(0, 10).unwrap());
         assert!(matches!(
-            layout.object_range(2999, 2),
-            Err(ChunkError::OutOfRange { .. })
-        ));
-        assert!(layout.object_range(0, 0).is_err());
-        let r = layout.object_range(1000, 100).unwrap();
-        let short = Bytes::copy_from_slice(&obj[r.start as usize..r.end as usize - 1]);
-        assert!(matches!(
-            layout.extract(&short, 1000, 100, &mut Vec::new()),
+            layout.extract((&blocks, None), 0, 10, &mut Vec::new()),
             Err(ChunkError::Short { .. })
         ));
     }
 
     #[test]
     fn a_writer_given_the_wrong_length_refuses_to_finish() {
-        let mut w = ChunkWriter::new(10);
-        w.write(b"short");
-        assert!(w.finish().is_none());
+        for v in BOTH {
+            let mut w = ChunkWriter::new(v, 10);
+            w.write(b"short");
+            assert!(w.finish().is_none());
+        }
     }
 
     #[test]
-    fn the_block_layout_is_stable() {
-        let obj = object_of(&payload(BLOCK_SIZE as usize + 5, 1), &[]);
+    fn a_header_of_another_object_or_length_is_refused() {
+        let obj = object_of(ChunkVersion::Contiguous, &payload(5000, 3), &[]);
+        assert!(ChunkLayout::from_header(&obj, 5000).is_ok());
+        assert!(ChunkLayout::from_header(&obj, 5001).is_err());
+        assert!(ChunkLayout::from_header(&obj[..10], 5000).is_err());
+        let mut other = obj.clone();
+        other[0] = b'X';
+        assert!(ChunkLayout::from_header(&other, 5000).is_err());
+        let mut later = obj;
+        later[4] = 3;
+        let e = ChunkLayout::from_header(&later, 5000).unwrap_err();
+        assert!(e.to_string().contains("unknown version 3"), "{e}");
+    }
+
+    #[test]
+    fn the_block_layouts_are_stable() {
         let b = BLOCK_SIZE as usize;
-        let first = &obj[HEADER_LEN..HEADER_LEN + b];
-        let crc = &obj[HEADER_LEN + b..HEADER_LEN + b + 4];
-        assert_eq!(crc, crc32c::crc32c(first).to_le_bytes());
+        let p = payload(b + 5, 1);
+        let (first, rest) = (crc32c::crc32c(&p[..b]), crc32c::crc32c(&p[b..]));
+        // Version 1: block, crc, block, crc.
+        let obj = object_of(ChunkVersion::Interleaved, &p, &[]);
+        assert_eq!(&obj[4..6], &1u16.to_le_bytes());
+        assert_eq!(&obj[HEADER_LEN..HEADER_LEN + b], &p[..b]);
+        assert_eq!(
+            &obj[HEADER_LEN + b..HEADER_LEN + b + 4],
+            first.to_le_bytes()
+        );
+        assert_eq!(&obj[HEADER_LEN + b + 4..HEADER_LEN + b + 9], &p[b..]);
         assert_eq!(obj.len(), HEADER_LEN + b + 4 + 5 + 4 + 8);
+        // Version 2: crc, crc, then the payload in one run.
+        let obj = object_of(ChunkVersion::Contiguous, &p, &[]);
+        assert_eq!(&obj[4..6], &2u16.to_le_bytes());
+        assert_eq!(&obj[HEADER_LEN..HEADER_LEN + 4], first.to_le_bytes());
+        assert_eq!(&obj[HEADER_LEN + 4..HEADER_LEN + 8], rest.to_le_bytes());
+        assert_eq!(&obj[HEADER_LEN + 8..HEADER_LEN + 8 + b + 5], &p[..]);
+        assert_eq!(obj.len(), HEADER_LEN + 8 + b + 5 + 8);
     }
 }

@@ -61,7 +61,10 @@ impl Tiering {
             namespace
         };
         let total: u64 = picked.iter().map(|c| c.end - c.start).sum();
-        let mut body = chunk_object::ChunkWriter::new(total);
+        let Ok(first_key) = chunk_key(namespace, group, ObjectId(next)) else {
+            return 0;
+        };
+        let mut body = chunk_object::ChunkWriter::new(self.chunk_version(&first_key), total);
         for p in &bytes {
             if let Piece::Hot(b) = p {
                 body.write(b);

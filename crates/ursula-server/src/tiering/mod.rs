@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ursula_core::ErrorCode;
 use ursula_core::cold::ObjectId;
+use ursula_storage::chunk_object::ChunkVersion;
 use ursula_storage::cold::{Body, ColdError, ColdStore, ObjectKey};
 
 /// Flush and GC settings (`[storage.cold]`, cluster.md §7.5).
@@ -381,6 +382,12 @@ impl Tiering {
         inc(&self.metrics.cold_reads, 1);
         inc(&self.metrics.cold_read_bytes, len);
         Ok(())
+    }
+
+    /// The layout to write an object at `key` in: contiguous where reads send it from a
+    /// local file, interleaved where they fetch ranges of it (`chunk_object`'s docs).
+    pub fn chunk_version(&self, key: &ObjectKey) -> ChunkVersion {
+        ChunkVersion::for_local_files(self.store.local_file(key).is_some())
     }
 
     /// A conditional create, timed like every store call.
