@@ -32,6 +32,9 @@ use ursula_storage::cold::object::HEADER_LEN;
 
 /// How long a block's check is trusted (see the module docs).
 pub const RECHECK_AFTER: Duration = Duration::from_secs(60);
+/// The most bytes one [`LocalChunks::read`] reads and checks into memory; mapped bytes of
+/// checked blocks are not counted (they are the page cache's).
+pub const COPY_MAX: u64 = crate::tiering::FETCH_PIECE;
 /// Objects kept open (one file descriptor and one mapping each).
 const OPEN_OBJECTS: usize = 256;
 
@@ -126,23 +129,26 @@ impl LocalChunks {
         Ok(open)
     }
 
-    /// Appends payload `[pos, pos + len)` of the chunk object at `path` (of `object_len`
-    /// payload bytes) to `out`; nothing is appended on an error.
+    /// Appends a prefix of payload `[pos, pos + len)` of the chunk object at `path` (of
+    /// `object_len` payload bytes) to `out` and returns its length (all of it, or less where
+    /// [`COPY_MAX`] bytes had to be read and checked into memory first); nothing is appended
+    /// on an error.
     pub async fn read(
         &self,
         path: &Path,
         (pos, len, object_len): (u64, u64, u64),
         out: &mut Vec<Bytes>,
-    ) -> Result<(), ReadError> {
+    ) -> Result<u64, ReadError> {
         let open = self.get(path, object_len).await?;
         let layout = open.layout;
         layout.fetch(pos, len).map_err(ReadError::Corrupt)?;
         let mark = out.len();
         let end = pos + len;
         let mut at = pos;
+        let mut copied = 0;
         // The end of payload position `from`'s block, or of `end` if that comes first.
         let piece_end = |from: u64| end.min((from / BLOCK_SIZE + 1) * BLOCK_SIZE);
-        while at < end {
+        while at < end && copied < COPY_MAX {
             // A run of checked blocks to send from the mapping (a version 2 object's blocks
             // lie end to end, so such a run is one slice however many blocks it spans; a
             // version 1 run is one block), or a run of unchecked blocks to read and check.
@@ -150,6 +156,7 @@ impl LocalChunks {
             let mut run_end = piece_end(at);
             while run_end < end
                 && (layout.contiguous() || !checked)
+                && (checked || copied + (run_end - at) < COPY_MAX)
                 && Self::checked(&open, run_end / BLOCK_SIZE) == checked
             {
                 run_end = piece_end(run_end);
@@ -161,10 +168,12 @@ impl LocalChunks {
             } else if let Err(e) = check_run(&open, (at, run_end), out).await {
                 out.truncate(mark);
                 return Err(e);
+            } else {
+                copied += run_end - at;
             }
             at = run_end;
         }
-        Ok(())
+        Ok(at - pos)
     }
 
     fn checked(open: &Open, block: u64) -> bool {
@@ -225,10 +234,36 @@ mod tests {
         (dir, path, p)
     }
 
+    /// The whole range, in as many reads as that takes.
     async fn read(c: &LocalChunks, path: &Path, (pos, len, n): (u64, u64, u64)) -> Vec<Bytes> {
         let mut out = Vec::new();
-        c.read(path, (pos, len, n), &mut out).await.unwrap();
+        let mut at = pos;
+        while at < pos + len {
+            let got = c.read(path, (at, pos + len - at, n), &mut out).await.unwrap();
+            assert!(got > 0);
+            at += got;
+        }
         out
+    }
+
+    #[tokio::test]
+    async fn one_read_copies_about_copy_max_then_maps_whole_checked_runs() {
+        let block = BLOCK_SIZE as usize;
+        let n = 3 * COPY_MAX as usize + 5 * block + 123;
+        let (_d, path, p) = object(n);
+        let c = LocalChunks::default();
+        let mut out = Vec::new();
+        let first = c.read(&path, (0, n as u64, n as u64), &mut out).await.unwrap();
+        assert!(first >= COPY_MAX && first < COPY_MAX + BLOCK_SIZE, "{first}");
+        assert!(out.concat() == p[..first as usize]);
+        // The rest in reads of about `COPY_MAX`; then all of it is one mapped slice.
+        let rest = read(&c, &path, (first, n as u64 - first, n as u64)).await;
+        assert!(rest.concat() == p[first as usize..]);
+        let mut all = Vec::new();
+        let whole = c.read(&path, (0, n as u64, n as u64), &mut all).await.unwrap();
+        assert_eq!(whole, n as u64);
+        assert_eq!(all.len(), 1);
+        assert!(crate::send_file::tests_source_of(&all[0]));
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! Reading a stream's bytes piece by piece (cluster.md §6.3): one short look at the owning
 //! groups' state makes a plan, then the bytes come out of it one piece at a time, outside any
-//! lock. Hot pieces share the stream's memory; cold pieces are fetched from the cold tier in
-//! pieces of at most [`FETCH_PIECE`] bytes, so a long read holds about one piece in memory
-//! per reader instead of the whole answer.
+//! lock. Hot pieces share the stream's memory; cold pieces are fetched from the cold tier a
+//! bounded piece at a time ([`crate::tiering::FETCH_PIECE`]), so a long read holds about one
+//! piece in memory per reader instead of the whole answer.
 //!
 //! Catch-up bodies stream from a [`Pieces`] (see [`body`]); bootstrap streams its update
 //! parts from one; SSE and long-poll collect bounded windows with [`super::read::collect`],
@@ -20,8 +20,6 @@ use ursula_core::cold::Piece;
 use ursula_core::ids::Incarnation;
 use ursula_core::{ErrorCode, StreamKey};
 
-/// The most cold bytes fetched at once for one reader.
-pub const FETCH_PIECE: u64 = 1 << 20;
 /// How many times a read plans again after an object it planned was deleted.
 const REPLANS: u32 = 2;
 
@@ -101,9 +99,8 @@ impl Pieces {
                     object_len,
                 } => (object, pos, len, object_len),
             };
-            let take = len.min(FETCH_PIECE);
-            match self.fetch(group, object, (pos, take, object_len)).await {
-                Ok(pieces) => {
+            match self.fetch(group, object, (pos, len, object_len)).await {
+                Ok((take, pieces)) => {
                     if take < len {
                         let rest = Piece::Cold {
                             object,
@@ -147,7 +144,7 @@ impl Pieces {
         group: u32,
         object: ursula_core::cold::ObjectId,
         range: (u64, u64, u64),
-    ) -> Result<Vec<Bytes>, FetchError> {
+    ) -> Result<(u64, Vec<Bytes>), FetchError> {
         let Some(t) = &self.app.tiering else {
             return Err(FetchError::Failed(ApiError::new(
                 ErrorCode::INTERNAL_ERROR,
@@ -156,8 +153,8 @@ impl Pieces {
         };
         let namespace = self.app.with_group(group, |g| g.cold.namespace);
         let mut out = Vec::new();
-        t.fetch((namespace, group), object, range, &mut out).await?;
-        Ok(out)
+        let took = t.fetch((namespace, group), object, range, &mut out).await?;
+        Ok((took, out))
     }
 
     /// Drains the rest into `out`.

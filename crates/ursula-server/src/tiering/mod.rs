@@ -31,6 +31,9 @@ use ursula_core::cold::ObjectId;
 use ursula_storage::chunk_object::ChunkVersion;
 use ursula_storage::cold::{Body, ColdError, ColdStore, ObjectKey};
 
+/// The most cold bytes one [`Tiering::fetch`] brings into memory for one reader.
+pub const FETCH_PIECE: u64 = 1 << 20;
+
 /// Flush and GC settings (`[storage.cold]`, cluster.md §7.5).
 #[derive(Debug, Clone)]
 pub struct TierConfig {
@@ -334,33 +337,39 @@ impl Tiering {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
-    /// Appends the bytes of one cold piece to `out` (as slices of the fetched or cached
-    /// buffers, or of a `local` object's file), checked block by block. A missing
-    /// object is [`FetchError::Missing`] (GC may have deleted it after the read was planned:
-    /// the caller plans again) and does not count against the store's health.
+    /// Appends the first bytes of one cold piece to `out` (as slices of the fetched or cached
+    /// buffers, or of a `local` object's file), checked block by block, and returns how many.
+    /// At most [`FETCH_PIECE`] bytes are fetched into memory at once; a `local` object's
+    /// checked bytes, which leave from its mapping, are not counted. A missing object is
+    /// [`FetchError::Missing`] (GC may have deleted it after the read was planned: the caller
+    /// plans again) and does not count against the store's health.
     pub async fn fetch(
         &self,
         (namespace, group): (u64, u32),
         object: ObjectId,
         (pos, len, object_len): (u64, u64, u64),
         out: &mut Vec<Bytes>,
-    ) -> Result<(), FetchError> {
+    ) -> Result<u64, FetchError> {
         let key =
             chunk_key(namespace, group, object).map_err(|e| FetchError::Failed(cold_failed(&e)))?;
-        // `cold_read::read` appends nothing when it fails.
+        // Both reads append nothing when they fail.
         let read = async {
             match self.store.local_file(&key) {
                 Some(path) => self.local.read(&path, (pos, len, object_len), out).await,
                 None => {
                     let cache = self.cache.as_ref();
                     let at = (group, object);
-                    let piece = (pos, len, object_len);
-                    cold_read::read(self.store.as_ref(), cache, &key, at, piece, out).await
+                    let piece = (pos, len.min(FETCH_PIECE), object_len);
+                    cold_read::read(self.store.as_ref(), cache, &key, at, piece, out).await?;
+                    Ok(piece.1)
                 }
             }
         };
-        match self.timed(read).await {
-            Ok(()) => self.health.set_ops(None),
+        let len = match self.timed(read).await {
+            Ok(got) => {
+                self.health.set_ops(None);
+                got
+            }
             Err(cold_read::ReadError::Store(ColdError::NotFound { .. })) => {
                 return Err(FetchError::Missing);
             }
@@ -378,10 +387,10 @@ impl Tiering {
                     format!("a cold object failed its checksum: {e}"),
                 )));
             }
-        }
+        };
         inc(&self.metrics.cold_reads, 1);
         inc(&self.metrics.cold_read_bytes, len);
-        Ok(())
+        Ok(len)
     }
 
     /// The layout to write an object at `key` in: contiguous where reads send it from a
