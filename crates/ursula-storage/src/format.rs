@@ -4,10 +4,14 @@
 
 /// Magic bytes at offset 0 of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"URSULAWL";
-/// Current segment format version: records grouped in batches, each with a batch header
-/// (see the crate docs). Version 1 (bare records) is still read, and a version-1 last segment
-/// is continued in version-1 framing until it is sealed.
-pub(crate) const SEGMENT_VERSION: u32 = 2;
+/// Current segment format version: version 2's batches in a file that may be a recycled
+/// segment, so whole batches with LSNs below the log's next one, after its last batch, are
+/// the file's earlier contents and end its records (see the crate docs). Versions 1 (bare
+/// records) and 2 are still read, and a version-1 last segment is continued in version-1
+/// framing until it is sealed.
+pub(crate) const SEGMENT_VERSION: u32 = 3;
+/// Records grouped in batches, each with a batch header, in a file that was zero-filled.
+pub(crate) const SEGMENT_VERSION_V2: u32 = 2;
 /// The first version, still accepted.
 pub(crate) const SEGMENT_VERSION_V1: u32 = 1;
 /// Segment header: magic (8) + version (4) + first LSN (8) + crc32c of the previous 20 bytes (4).
@@ -71,7 +75,7 @@ pub(crate) fn decode_segment_header(data: &[u8]) -> Result<(u64, u32), HeaderErr
         return Err(HeaderError::BadMagic);
     }
     let version = read_u32(h, 8).ok_or(HeaderError::Short)?;
-    if version != SEGMENT_VERSION && version != SEGMENT_VERSION_V1 {
+    if !(SEGMENT_VERSION_V1..=SEGMENT_VERSION).contains(&version) {
         return Err(HeaderError::BadVersion(version));
     }
     let first_lsn = read_u64(h, 12).ok_or(HeaderError::Short)?;
@@ -86,8 +90,14 @@ pub(crate) fn decode_segment_header(data: &[u8]) -> Result<(u64, u32), HeaderErr
 /// Encodes a segment header of format version 1 (tests of old data directories only).
 #[cfg(test)]
 pub(crate) fn encode_segment_header_v1(first_lsn: u64) -> [u8; SEGMENT_HEADER_LEN] {
+    encode_segment_header_of(SEGMENT_VERSION_V1, first_lsn)
+}
+
+/// Encodes a segment header of an older format `version` (tests of old data directories).
+#[cfg(test)]
+pub(crate) fn encode_segment_header_of(version: u32, first_lsn: u64) -> [u8; SEGMENT_HEADER_LEN] {
     let mut h = encode_segment_header(first_lsn);
-    h[8..12].copy_from_slice(&SEGMENT_VERSION_V1.to_le_bytes());
+    h[8..12].copy_from_slice(&version.to_le_bytes());
     let crc = crc32c::crc32c(&h[0..20]);
     h[20..24].copy_from_slice(&crc.to_le_bytes());
     h
@@ -384,6 +394,10 @@ mod tests {
         assert_eq!(
             decode_segment_header(&encode_segment_header_v1(42)),
             Ok((42, SEGMENT_VERSION_V1))
+        );
+        assert_eq!(
+            decode_segment_header(&encode_segment_header_of(SEGMENT_VERSION_V2, 42)),
+            Ok((42, SEGMENT_VERSION_V2))
         );
         let mut bad = h;
         bad[0] ^= 1;

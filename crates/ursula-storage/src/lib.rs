@@ -17,23 +17,25 @@
 //! The per-fault policies (sync failure, full disk, snapshot failure) are described in
 //! `docs/storage.md` and in [`wal`]'s writer.
 //!
-//! ## WAL on-disk format (version 2; version 1 still read)
+//! ## WAL on-disk format (version 3; versions 1 and 2 still read)
 //!
 //! All integers are little-endian. A WAL directory holds segment files named
 //! `wal-{first_lsn:020}.log` (e.g. `wal-00000000000000000001.log`) plus a `LOCK` file
-//! (`flock`ed while a `Wal` has the directory open). Other files are ignored.
+//! (`flock`ed while a `Wal` has the directory open), at most one `wal-next.prepared` and a
+//! few spares, `wal-{first_lsn:020}.free` (released segments kept to be reused; their
+//! contents do not matter). Other files are ignored.
 //!
 //! Every segment starts with a 24-byte header:
 //!
 //! | offset | size | field                                    |
 //! |-------:|-----:|------------------------------------------|
 //! | 0      | 8    | magic `b"URSULAWL"`                      |
-//! | 8      | 4    | format version, `2` (or `1`)             |
+//! | 8      | 4    | format version, `3` (or `2`, `1`)        |
 //! | 12     | 8    | first LSN of the segment (= file name)   |
 //! | 20     | 4    | crc32c of bytes 0..20                    |
 //!
-//! In a version-2 segment the records come in *batches*, one per write of the writer (one group
-//! commit), each preceded by a 24-byte batch header:
+//! In a version-2 or 3 segment the records come in *batches*, one per write of the writer (one
+//! group commit), each preceded by a 24-byte batch header:
 //!
 //! | offset | size | field                                                            |
 //! |-------:|-----:|------------------------------------------------------------------|
@@ -61,10 +63,15 @@
 //! of the previous one. A segment is rotated (a new file is created, fsynced, and the directory
 //! fsynced) before an append would grow the active one past `segment_bytes`; one append is
 //! never split across segments. When syncing is on, the active segment is zero-filled to
-//! `segment_bytes` (the next one is prepared in the background as `wal-next.prepared` and
-//! renamed into place), so a write never grows the file and `fdatasync` has no metadata to
-//! flush; a sealed segment is trimmed back to its records. Only whole, sealed segments are deleted
-//! ([`wal::Wal::remove_segments_before`]), oldest first.
+//! `segment_bytes` (the next one is prepared in the background and renamed into place), so a
+//! write never grows the file and `fdatasync` has no metadata to flush; a sealed segment is
+//! trimmed back to its records. Only whole, sealed segments are released
+//! ([`wal::Wal::remove_segments_before`]), oldest first: up to two are kept as spares, and the
+//! next segment is made of a spare when there is one (its header zeroed and synced first), so
+//! its blocks need no zero-fill; else a fresh file, `wal-next.prepared`, is zero-filled at a
+//! pace. So a version-3 segment may hold, after its own batches, the batches of the file's
+//! earlier use, whose LSNs are all below the segment's first one; version 2 segments were
+//! always zero-filled.
 //!
 //! ### Recovery
 //!
@@ -78,8 +85,14 @@
 //!   follows it. The file is truncated to the end of
 //!   the last good record and fsynced. Trailing zeros (in any segment) are the unwritten part of
 //!   a preallocated segment and end the segment's records without truncation. A last segment whose
-//!   header is shorter than 24 bytes or entirely zero was torn while being created; its header
-//!   is rewritten.
+//!   header is shorter than 24 bytes or entirely zero, and which holds no whole batch of its
+//!   own LSNs after it, was torn while being created (a spare keeps its earlier batches); its
+//!   header is rewritten.
+//! * In a **version-3** segment, a whole batch with an LSN below the expected one ends the
+//!   segment's records (the file's earlier use), and so does, in a sealed segment, a batch
+//!   that is not whole (earlier bytes its trim did not keep away): unless a whole batch of
+//!   this log follows, which makes it damage. A sealed segment's records that end too early
+//!   show as an LSN gap at the next segment, reported at the place they ended.
 //! * Everything else is [`wal::WalError::Corrupt`] (with file and offset): a bad record that is
 //!   followed by a valid record, a bad record in any earlier segment, a bad header (magic,
 //!   version, checksum, or first LSN not matching the file name), an LSN gap or a

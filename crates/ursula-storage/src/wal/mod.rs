@@ -5,6 +5,7 @@
 mod prepare;
 mod recovery;
 mod segment;
+mod spare;
 mod writer;
 
 use std::collections::VecDeque;
@@ -179,6 +180,8 @@ struct Shared {
     sealed: Mutex<VecDeque<SealedSegment>>,
     /// Held for the whole of `remove_segments_before`.
     removal: Mutex<()>,
+    /// Released segments kept to become later ones (`spare`).
+    spares: Mutex<Vec<PathBuf>>,
     disk_bytes: AtomicU64,
     /// Bytes the writer has written since the WAL opened (paces the next segment's fill).
     written_bytes: AtomicU64,
@@ -209,6 +212,10 @@ struct Shared {
 impl Shared {
     fn sealed(&self) -> MutexGuard<'_, VecDeque<SealedSegment>> {
         self.sealed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn spares(&self) -> MutexGuard<'_, Vec<PathBuf>> {
+        self.spares.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -314,6 +321,12 @@ impl Wal {
             "wal opened"
         );
 
+        // Spares are only made (and used) when syncing: without syncs there is no stall to
+        // spare.
+        let spares = match opts.fsync {
+            true => spare::keep(fs.as_ref(), spare::list(fs.as_ref(), dir)?),
+            false => Vec::new(),
+        };
         if opts.fsync {
             preallocate_active(
                 fs.as_ref(),
@@ -331,6 +344,7 @@ impl Wal {
             reserve_bytes: opts.reserve_bytes,
             sealed: Mutex::new(sealed),
             removal: Mutex::new(()),
+            spares: Mutex::new(spares),
             disk_bytes: AtomicU64::new(disk_bytes),
             written_bytes: AtomicU64::new(0),
             hurry_prepare: AtomicBool::new(false),
@@ -472,8 +486,9 @@ impl Wal {
         self.arrived(bit);
     }
 
-    /// Deletes whole segment files all of whose records have LSN < `lsn` (never the active
-    /// segment). Returns bytes freed.
+    /// Releases whole segment files all of whose records have LSN < `lsn` (never the active
+    /// segment): up to [`spare::MAX_SPARES`] are kept as spares to make later segments of, the
+    /// others deleted. Returns bytes freed from the log.
     pub fn remove_segments_before(&self, lsn: Lsn) -> Result<u64, WalError> {
         let shared = &self.inner.shared;
         // Serializes removals so files always go oldest first, without holding `sealed` (which
@@ -486,8 +501,20 @@ impl Wal {
         };
         let mut freed = 0u64;
         while let Some(seg) = doomed.pop_front() {
-            let result = match shared.fs.remove_file(&seg.path) {
-                Ok(()) => Ok(()),
+            let keep = shared.fsync && shared.spares().len() < spare::MAX_SPARES;
+            let released = match keep {
+                true => {
+                    let to = spare::spare_path(&seg.path);
+                    shared.fs.rename(&seg.path, &to).map(|()| Some(to))
+                }
+                false => shared.fs.remove_file(&seg.path).map(|()| None),
+            };
+            let result = match released {
+                Ok(Some(spare)) => {
+                    shared.spares().push(spare);
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
                 Err(e) => Err(e),
             };
@@ -588,5 +615,7 @@ async fn deliver_batches(mut rx: tokio::sync::mpsc::UnboundedReceiver<CommittedB
 
 #[cfg(test)]
 mod fault_tests;
+#[cfg(test)]
+mod spare_tests;
 #[cfg(test)]
 mod tests;

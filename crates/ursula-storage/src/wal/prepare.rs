@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::Shared;
+use super::{Shared, spare};
 use crate::fs::{FileSystem, OpenMode, ZeroFill};
 
 /// Bytes written (and synced) between pauses.
@@ -84,6 +84,9 @@ impl Pace {
         if let Some(e) = closing() {
             return Err(e);
         }
+        if spare::any(&self.shared) {
+            return Err(io::Error::other(SpareArrived));
+        }
         if self.shared.hurry_prepare.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -121,8 +124,22 @@ impl Pace {
     }
 }
 
-/// Starts zero-filling `len` bytes at `path` on a thread of its own; `room`: bytes the
-/// active segment can still take. The thread returns the file's path once it is durable.
+/// Why a fill stopped: a spare segment came free meanwhile, and the next segment is made of it.
+#[derive(Debug)]
+struct SpareArrived;
+
+impl std::fmt::Display for SpareArrived {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a spare segment came free")
+    }
+}
+
+impl std::error::Error for SpareArrived {}
+
+/// Starts preparing the next segment, of `len` bytes, on a thread of its own: a spare segment
+/// if there is one (`spare`), else a file zero-filled at `path`, given up for a spare that
+/// comes free meanwhile; `room`: bytes the active segment can still take. The thread returns
+/// the prepared file's path once it is durable.
 pub(super) fn spawn(
     shared: &Arc<Shared>,
     path: PathBuf,
@@ -140,13 +157,30 @@ pub(super) fn spawn(
         chunk_started: now,
     };
     let fs = Arc::clone(&shared.fs);
+    let shared = Arc::clone(shared);
     thread::Builder::new()
         .name("ursula-wal-prep".into())
         .spawn(move || {
-            prepare_segment(fs.as_ref(), &path, len, &mut |filled| {
+            let from_spare = |spare: PathBuf| {
+                tracing::debug!(path = %spare.display(), "wal: the next segment is a spare");
+                spare::ready(fs.as_ref(), &spare, len).map(|()| spare)
+            };
+            if let Some(spare) = spare::take(&shared) {
+                return from_spare(spare);
+            }
+            let filled = prepare_segment(fs.as_ref(), &path, len, &mut |filled| {
                 pace.after_chunk(filled)
-            })
-            .map(|()| path)
+            });
+            match filled {
+                Ok(()) => Ok(path),
+                Err(e) if e.get_ref().is_some_and(|e| e.is::<SpareArrived>()) => {
+                    match spare::take(&shared) {
+                        Some(spare) => from_spare(spare),
+                        None => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
         })
 }
 

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use super::segment::{list_segments, lock_dir};
 use super::{Lsn, WalError, WalRecord};
 use crate::format::{
-    SEGMENT_HEADER_LEN, SEGMENT_VERSION_V1, decode_batch, decode_record, decode_segment_header,
-    encode_segment_header, find_valid_batch_after, find_valid_record_after,
+    SEGMENT_HEADER_LEN, SEGMENT_VERSION_V1, SEGMENT_VERSION_V2, decode_batch, decode_record,
+    decode_segment_header, encode_segment_header, find_valid_batch_after, find_valid_record_after,
 };
 use crate::fs::{FileSystem, OpenMode, RealFs};
 
@@ -39,9 +39,20 @@ fn corrupt(file: &Path, offset: usize, reason: impl Into<String>) -> WalError {
     }
 }
 
-/// A last segment whose header is missing, partial or still all zeros.
-fn is_torn_creation(data: &[u8]) -> bool {
-    data.len() < SEGMENT_HEADER_LEN || data.iter().all(|&b| b == 0)
+/// A last segment whose header is missing, partial or still all zeros, holding nothing of its
+/// own after it: a file being made a segment (a recycled one keeps its earlier records, whose
+/// LSNs are below `first_lsn`, the name's) when the process stopped.
+fn is_torn_creation(data: &[u8], first_lsn: Lsn) -> bool {
+    match data.get(..SEGMENT_HEADER_LEN) {
+        None => true,
+        Some(h) if h.iter().all(|&b| b == 0) => {
+            let rest = written(data);
+            let from = SEGMENT_HEADER_LEN - 1;
+            find_valid_batch_after(rest, from, first_lsn).is_none()
+                && find_valid_record_after(rest, from, first_lsn).is_none()
+        }
+        Some(_) => false,
+    }
 }
 
 /// How a segment's records ended.
@@ -50,6 +61,10 @@ enum End {
     Clean(usize),
     /// Damage at this offset that is a torn tail (only in the last segment).
     Torn(usize, String),
+    /// At this offset, before bytes that are not a batch of this log: a recycled file's
+    /// earlier contents (version 3), or damage at the end of the segment, which the next
+    /// segment's first LSN tells apart.
+    Unsure(usize, String),
 }
 
 /// Reads every segment in order, validating headers, checksums and LSN continuity. With
@@ -70,6 +85,8 @@ pub(super) fn recover(
     let mut torn = Vec::new();
     // LSN the next record must have; `None` until the first segment fixes it.
     let mut expected: Option<Lsn> = None;
+    // Where the previous segment's records ended before bytes that were not its own, and why.
+    let mut unsure: Option<(PathBuf, usize, String)> = None;
 
     for (index, (name_lsn, path)) in files.into_iter().enumerate() {
         let is_last = index + 1 == count;
@@ -79,6 +96,13 @@ pub(super) fn recover(
         if let Some(exp) = expected
             && name_lsn != exp
         {
+            if let Some((prev, off, reason)) = unsure {
+                return Err(corrupt(
+                    &prev,
+                    off,
+                    format!("{reason}, and the next segment starts at LSN {name_lsn}, not {exp}"),
+                ));
+            }
             return Err(corrupt(
                 &path,
                 0,
@@ -91,7 +115,7 @@ pub(super) fn recover(
             fs.read(&path)?
         };
 
-        if is_last && is_torn_creation(&data) {
+        if is_last && is_torn_creation(&data, name_lsn) {
             // Crashed while creating this segment: its header never became durable, so no
             // record in it was ever acknowledged. Rewrite the header.
             tracing::warn!(path = %path.display(), len = data.len(), "wal: rewriting header of a segment torn during creation");
@@ -126,10 +150,16 @@ pub(super) fn recover(
         let end = if version == SEGMENT_VERSION_V1 {
             scan_records(&data, &path, is_last, &mut lsn, &mut records)?
         } else {
-            scan_batches(&data, &path, is_last, &mut lsn, &mut records)?
+            let recycled = version > SEGMENT_VERSION_V2;
+            scan_batches(&data, &path, (is_last, recycled), &mut lsn, &mut records)?
         };
+        unsure = None;
         let end = match end {
             End::Clean(end) => end,
+            End::Unsure(end, reason) => {
+                unsure = Some((path.clone(), end, reason));
+                end
+            }
             End::Torn(off, reason) => {
                 tracing::warn!(
                     path = %path.display(),
@@ -237,20 +267,45 @@ fn scan_records(
     Ok(End::Clean(data.len()))
 }
 
-/// Version 2: batches, each whole or rejected as a unit. A damaged batch is torn only if it is
-/// in the last segment and no whole batch follows it: anything inside the last batch (a lost
-/// earlier page, a kept later one) was never acknowledged.
+/// Versions 2 and 3: batches, each whole or rejected as a unit. A damaged batch is torn only
+/// if it is in the last segment and no whole batch follows it: anything inside the last batch
+/// (a lost earlier page, a kept later one) was never acknowledged.
+///
+/// A version-3 segment may be a recycled file (`spare`): after its last batch lie the file's
+/// earlier contents, whole batches with LSNs below the expected one or pieces of them. They
+/// end the segment's records, in a sealed segment too (its trim to the records may not have
+/// reached the disk), unless a whole batch of this log follows them: that is damage. What a
+/// sealed segment lost at its end shows as an LSN gap at the next segment.
 fn scan_batches(
     data: &[u8],
     path: &Path,
-    is_last: bool,
+    (is_last, recycled): (bool, bool),
     lsn: &mut Lsn,
     records: &mut Vec<(Lsn, WalRecord)>,
 ) -> Result<End, WalError> {
     let mut off = SEGMENT_HEADER_LEN;
+    // A whole batch of this log after `off`, which makes what is at `off` damage.
+    let followed = |off: usize, lsn: Lsn| find_valid_batch_after(written(data), off, lsn);
     while off < data.len() {
         match decode_batch(data, off) {
             Ok((batch, len)) => {
+                if recycled
+                    && let Some(first) = batch.first()
+                    && first.lsn < *lsn
+                {
+                    let reason = format!("a batch from LSN {}, expected {lsn}", first.lsn);
+                    if let Some(next) = followed(off, *lsn) {
+                        return Err(corrupt(
+                            path,
+                            off,
+                            format!("{reason}, followed by a whole batch at offset {next}"),
+                        ));
+                    }
+                    return Ok(match is_last {
+                        true => End::Clean(off),
+                        false => End::Unsure(off, reason),
+                    });
+                }
                 if let Some(first) = batch.first()
                     && first.lsn != *lsn
                 {
@@ -272,15 +327,24 @@ fn scan_batches(
                 if data[off..].iter().all(|b| *b == 0) {
                     return Ok(End::Clean(off));
                 }
-                if !is_last {
+                if !is_last && !recycled {
                     return Err(corrupt(path, off, format!("{e} in a sealed segment")));
                 }
-                if let Some(next) = find_valid_batch_after(written(data), off, *lsn) {
+                if let Some(next) = followed(off, *lsn) {
                     return Err(corrupt(
                         path,
                         off,
                         format!("{e}, followed by a whole batch at offset {next}"),
                     ));
+                }
+                if !is_last {
+                    // A recycled file's earlier contents after a sealed segment's records.
+                    return Ok(End::Unsure(off, e.to_string()));
+                }
+                if recycled {
+                    let reason =
+                        format!("{e} (a torn write, or a recycled file's earlier contents)");
+                    return Ok(End::Torn(off, reason));
                 }
                 return Ok(End::Torn(off, e.to_string()));
             }

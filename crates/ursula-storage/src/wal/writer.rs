@@ -403,22 +403,25 @@ impl Writer {
         Ok(())
     }
 
-    /// Starts zero-filling the next segment in the background, so that rotating to it is a
+    /// Starts preparing the next segment in the background, so that rotating to it is a
     /// rename and every later `fdatasync` only has data to flush: writing inside an allocated,
-    /// already-written file changes no metadata, which halves the IOs per sync on ext4. The
-    /// fill is paced to keep out of the WAL's way (`prepare`). Skipped when it would take the
+    /// already-written file changes no metadata, which halves the IOs per sync on ext4. A
+    /// spare segment (`spare`) is such a file already; else one is zero-filled at a pace
+    /// that keeps out of the WAL's way (`prepare`). A fill is skipped when it would take the
     /// space kept in reserve: preallocation never takes the last free space.
     fn prepare_next(&mut self) {
         if !self.shared.fsync || self.next_segment.is_some() {
             return;
         }
         let len = self.segment_bytes;
-        if !has_room(
-            self.shared.fs.as_ref(),
-            &self.shared.dir,
-            len,
-            self.reserve_bytes,
-        ) {
+        if !super::spare::any(&self.shared)
+            && !has_room(
+                self.shared.fs.as_ref(),
+                &self.shared.dir,
+                len,
+                self.reserve_bytes,
+            )
+        {
             tracing::info!("wal: not preparing the next segment: free space is low");
             return;
         }
@@ -427,8 +430,10 @@ impl Writer {
         self.next_segment = super::prepare::spawn(&self.shared, path, len, room).ok();
     }
 
-    /// Deletes the prepared next segment (if it is ready) to give its space back to a full disk.
+    /// Deletes the spare segments and the prepared next segment (if it is ready) to give
+    /// their space back to a full disk.
     fn discard_prepared(&mut self) {
+        super::spare::discard_all(&self.shared);
         match self.next_segment.take() {
             Some(h) if h.is_finished() => {
                 if let Ok(Ok(path)) = h.join() {
