@@ -148,6 +148,23 @@ pub struct WalSection {
     /// The node's state directory: when set, it is the data directory (the WAL, the group
     /// snapshots and the node identity live together under it); flags still win.
     pub path: Option<PathBuf>,
+    /// Bytes per WAL segment, 1 MiB to 1 GiB. Default 64 MiB.
+    #[serde(deserialize_with = "opt_size")]
+    pub segment_size: Option<u64>,
+}
+
+/// The WAL's segment size when `[raft.wal] segment_size` is unset.
+pub const WAL_SEGMENT_SIZE: u64 = 64 << 20;
+
+impl WalSection {
+    /// Bytes per WAL segment, the default filled in.
+    pub fn segment_size(&self) -> u64 {
+        self.segment_size.unwrap_or(WAL_SEGMENT_SIZE)
+    }
+}
+
+fn opt_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size(d).map(Some)
 }
 
 impl RaftSection {
@@ -305,6 +322,11 @@ impl Config {
             ),
             Some(other) => anyhow::bail!("raft.wal.backend must be \"disk\", got {other:?}"),
         }
+        let seg = r.wal.segment_size();
+        anyhow::ensure!(
+            (1 << 20..=1 << 30).contains(&seg),
+            "raft.wal.segment_size must be between 1 MiB and 1 GiB, got {seg} bytes"
+        );
         anyhow::ensure!(
             self.runtime.core_count != Some(0),
             "runtime.core_count must be at least 1"

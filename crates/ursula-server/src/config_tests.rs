@@ -17,6 +17,28 @@ fn commit_linger_is_read_from_the_file_and_bounded() {
 }
 
 #[test]
+fn the_wal_segment_size_is_read_as_a_size_and_bounded() {
+    let parse = |t: &str| toml::from_str::<Config>(t).expect("parse");
+    assert_eq!(parse("").raft.wal.segment_size(), 64 << 20);
+    let small = parse("[raft.wal]\nsegment_size = \"1MiB\"\n");
+    small.validate().expect("1 MiB is allowed");
+    assert_eq!(small.raft.wal.segment_size(), 1 << 20);
+    assert_eq!(
+        parse("[raft.wal]\nsegment_size = 2097152\n")
+            .raft
+            .wal
+            .segment_size(),
+        2 << 20
+    );
+    for bad in ["\"512KiB\"", "\"2GiB\""] {
+        let err = parse(&format!("[raft.wal]\nsegment_size = {bad}\n"))
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("segment_size"), "{err}");
+    }
+}
+
+#[test]
 fn cold_health_marks_are_checked_against_the_flush_settings() {
     let peers = "[[raft.peers]]\nnode_id = 1\nurl = \"http://127.0.0.1:1\"\n\
                  [[raft.peers]]\nnode_id = 2\nurl = \"http://127.0.0.1:2\"\n\

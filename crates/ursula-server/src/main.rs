@@ -128,6 +128,7 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
         group_count: cfg.group_count(),
         wal: ursula_storage::WalOptions {
             fsync: cfg.fsync,
+            segment_bytes: cfg.raft.wal.segment_size(),
             ..Default::default()
         },
         snapshot_logs: cfg.snapshot_logs,

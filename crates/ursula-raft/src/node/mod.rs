@@ -475,6 +475,11 @@ impl Node {
         self.wal.sync_count()
     }
 
+    /// WAL segments made of released ones since open.
+    pub fn wal_segments_reused(&self) -> u64 {
+        self.wal.segments_reused()
+    }
+
     /// Stops accepting proposals, lets queued ones finish, stops every group and closes the WAL.
     /// Idempotent.
     pub async fn shutdown(&self) {

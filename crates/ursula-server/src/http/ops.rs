@@ -117,6 +117,11 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
             app.node.wal_sync_count(),
         ),
         ("ursula_wal_disk_bytes", "gauge", app.node.wal_disk_bytes()),
+        (
+            "ursula_wal_segments_reused_total",
+            "counter",
+            app.node.wal_segments_reused(),
+        ),
         ("ursula_ready", "gauge", u64::from(reasons.is_empty())),
         (
             "ursula_storage_failed",

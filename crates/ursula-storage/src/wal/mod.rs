@@ -190,6 +190,8 @@ struct Shared {
     /// [`prepare::MIN_RATE`] (tests lower it).
     prepare_min_rate: AtomicU64,
     sync_count: AtomicU64,
+    /// Segments made of spares since the WAL opened.
+    reused: AtomicU64,
     closed: AtomicBool,
     /// The groups (bit `group % 64`) of the last batch whose next request the writer awaits
     /// before its next sync (see `Writer::gather`); a request clears its groups' bits, and
@@ -350,6 +352,7 @@ impl Wal {
             hurry_prepare: AtomicBool::new(false),
             prepare_min_rate: AtomicU64::new(prepare::MIN_RATE),
             sync_count: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             awaited: AtomicU64::new(0),
             awaitable: AtomicU64::new(0),
@@ -554,6 +557,11 @@ impl Wal {
     /// number of appends under concurrency.
     pub fn sync_count(&self) -> u64 {
         self.inner.shared.sync_count.load(Ordering::SeqCst)
+    }
+
+    /// Segments made of spare segments since the WAL opened (`spare`).
+    pub fn segments_reused(&self) -> u64 {
+        self.inner.shared.reused.load(Ordering::Relaxed)
     }
 
     /// Number of segment files, including the active one.

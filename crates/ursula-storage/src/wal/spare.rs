@@ -30,16 +30,19 @@ pub(super) fn spare_path(segment: &Path) -> PathBuf {
     segment.with_extension(&SUFFIX[1..])
 }
 
+/// Whether the file at `path` is a spare.
+pub(super) fn is_spare(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("wal-") && n.ends_with(SUFFIX))
+}
+
 /// The spares in `dir`.
 pub(super) fn list(fs: &dyn FileSystem, dir: &Path) -> io::Result<Vec<PathBuf>> {
     let mut out: Vec<PathBuf> = fs
         .read_dir(dir)?
         .into_iter()
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("wal-") && n.ends_with(SUFFIX))
-        })
+        .filter(|p| is_spare(p))
         .collect();
     out.sort_unstable();
     Ok(out)

@@ -366,6 +366,9 @@ impl Writer {
             .take()
             .and_then(|h| h.join().ok())
             .and_then(Result::ok);
+        if ready.as_deref().is_some_and(super::spare::is_spare) {
+            self.shared.reused.fetch_add(1, Ordering::Relaxed);
+        }
         let new = match ready {
             Some(prepared) => adopt_segment(
                 fs.as_ref(),
