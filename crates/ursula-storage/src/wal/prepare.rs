@@ -71,6 +71,8 @@ struct Pace {
     written_at_start: u64,
     room_at_start: u64,
     chunk_started: Instant,
+    /// Whether a spare coming free stops the fill (not while a spare is being readied).
+    give_way_to_spares: bool,
 }
 
 impl Pace {
@@ -84,7 +86,7 @@ impl Pace {
         if let Some(e) = closing() {
             return Err(e);
         }
-        if spare::any(&self.shared) {
+        if self.give_way_to_spares && spare::any(&self.shared) {
             return Err(io::Error::other(SpareArrived));
         }
         if self.shared.hurry_prepare.load(Ordering::Acquire) {
@@ -155,18 +157,23 @@ pub(super) fn spawn(
         written_at_start: shared.written_bytes.load(Ordering::Relaxed),
         room_at_start: room,
         chunk_started: now,
+        give_way_to_spares: true,
     };
     let fs = Arc::clone(&shared.fs);
     let shared = Arc::clone(shared);
     thread::Builder::new()
         .name("ursula-wal-prep".into())
         .spawn(move || {
-            let from_spare = |spare: PathBuf| {
+            let from_spare = |spare: PathBuf, pace: &mut Pace| {
                 tracing::debug!(path = %spare.display(), "wal: the next segment is a spare");
-                spare::ready(fs.as_ref(), &spare, len).map(|()| spare)
+                pace.give_way_to_spares = false;
+                spare::ready(fs.as_ref(), &spare, len, &mut |filled| {
+                    pace.after_chunk(filled)
+                })
+                .map(|()| spare)
             };
             if let Some(spare) = spare::take(&shared) {
-                return from_spare(spare);
+                return from_spare(spare, &mut pace);
             }
             let filled = prepare_segment(fs.as_ref(), &path, len, &mut |filled| {
                 pace.after_chunk(filled)
@@ -175,7 +182,7 @@ pub(super) fn spawn(
                 Ok(()) => Ok(path),
                 Err(e) if e.get_ref().is_some_and(|e| e.is::<SpareArrived>()) => {
                     match spare::take(&shared) {
-                        Some(spare) => from_spare(spare),
+                        Some(spare) => from_spare(spare, &mut pace),
                         None => Err(e),
                     }
                 }

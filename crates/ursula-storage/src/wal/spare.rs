@@ -69,14 +69,22 @@ pub(super) fn any(shared: &Shared) -> bool {
 }
 
 /// Makes the spare at `path` ready to become a segment of `len` bytes: its header zeroed, its
-/// length `len`, durably. Its other bytes are left as they are. A spare that fails is deleted.
-pub(super) fn ready(fs: &dyn FileSystem, path: &Path, len: u64) -> io::Result<()> {
+/// length `len` (a spare cut short, from a segment sealed early for a large append, is
+/// zero-filled to it at the pace `after` keeps, as a fresh segment is), durably. Its other
+/// bytes are left as they are. A spare that fails is deleted.
+pub(super) fn ready(
+    fs: &dyn FileSystem,
+    path: &Path,
+    len: u64,
+    after: &mut dyn FnMut(u64) -> io::Result<()>,
+) -> io::Result<()> {
     let res = (|| {
         let file = fs.open(path, OpenMode::Write)?;
         file.write_all_at(&[0u8; SEGMENT_HEADER_LEN], 0)?;
         let had = file.len()?;
         if had < len {
-            file.zero_fill(had, len, ZeroFill::Bulk)?;
+            let chunk = super::prepare::CHUNK;
+            file.zero_fill(had, len, ZeroFill::Paced { chunk, after })?;
         } else if had > len {
             file.set_len(len)?;
         }

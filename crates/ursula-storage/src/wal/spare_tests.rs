@@ -290,3 +290,36 @@ fn a_sealed_recycled_segment_whose_trim_was_lost_reads_to_its_own_end() {
     };
     assert_eq!(file, segs[1]);
 }
+
+#[test]
+fn readying_a_spare_zeroes_its_header_and_sizes_it_to_a_segment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fs_ = RealFs;
+    let len = 3 * super::prepare::CHUNK as u64 + 100;
+    // Cut short (a segment sealed early for a large append): filled up with zeros, paced.
+    let short = tmp.path().join("wal-00000000000000000001.free");
+    fs::write(&short, vec![0xAB; 5000]).unwrap();
+    let mut paced = Vec::new();
+    spare::ready(&fs_, &short, len, &mut |filled| {
+        paced.push(filled);
+        Ok(())
+    })
+    .unwrap();
+    let data = fs::read(&short).unwrap();
+    assert_eq!(data.len() as u64, len);
+    assert!(data[..SEGMENT_HEADER_LEN].iter().all(|b| *b == 0));
+    assert!(data[SEGMENT_HEADER_LEN..5000].iter().all(|b| *b == 0xAB));
+    assert!(data[5000..].iter().all(|b| *b == 0));
+    assert!(paced.len() >= 3, "{paced:?}");
+    // Longer than a segment: cut to one.
+    let long = tmp.path().join("wal-00000000000000000009.free");
+    fs::write(&long, vec![0xCD; len as usize * 2]).unwrap();
+    spare::ready(&fs_, &long, len, &mut |_| Ok(())).unwrap();
+    assert_eq!(fs::metadata(&long).unwrap().len(), len);
+    // A spare that cannot be readied is deleted.
+    let gone = tmp.path().join("wal-00000000000000000010.free");
+    fs::write(&gone, vec![1; 10]).unwrap();
+    let stop = spare::ready(&fs_, &gone, len, &mut |_| Err(io::Error::other("stop")));
+    assert!(stop.is_err());
+    assert!(!gone.exists());
+}
