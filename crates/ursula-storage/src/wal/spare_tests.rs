@@ -151,6 +151,14 @@ fn sealed_segments(dir: &Path, count: usize) -> Vec<PathBuf> {
     files_ending(dir, ".log")
 }
 
+/// [`sealed_segments`] (three), and every record they hold, as recovery reads them.
+fn sealed_segments_and_records(dir: &Path) -> (Vec<PathBuf>, Vec<(Lsn, WalRecord)>) {
+    let segs = sealed_segments(dir, 3);
+    let (wal, recs) = open(dir, 16 << 10, false).unwrap();
+    wal.close();
+    (segs, recs)
+}
+
 /// The first LSN in a segment file's header.
 fn first_lsn(path: &Path) -> Lsn {
     crate::format::decode_segment_header(&fs::read(path).unwrap())
@@ -223,12 +231,7 @@ fn a_version_2_segment_with_an_earlier_batch_after_its_own_is_corrupt() {
 fn a_recycled_file_whose_new_header_never_landed_is_a_segment_torn_during_creation() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let segs = sealed_segments(dir, 3);
-    let expected: Vec<(Lsn, WalRecord)> = {
-        let (wal, recs) = open(dir, 16 << 10, false).unwrap();
-        wal.close();
-        recs
-    };
+    let (segs, expected) = sealed_segments_and_records(dir);
     // The file made the next segment: its header zeroed, nothing of its own written, its
     // earlier contents (segment 0's) after.
     let last_first = expected.last().unwrap().0 + 1;
@@ -263,12 +266,7 @@ fn a_zeroed_header_before_batches_of_its_own_is_corruption_not_a_torn_creation()
 fn a_sealed_recycled_segment_whose_trim_was_lost_reads_to_its_own_end() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let segs = sealed_segments(dir, 3);
-    let expected: Vec<(Lsn, WalRecord)> = {
-        let (wal, recs) = open(dir, 16 << 10, false).unwrap();
-        wal.close();
-        recs
-    };
+    let (segs, expected) = sealed_segments_and_records(dir);
     // Segment 1 still carries segment 0's later bytes after its own (its trim never reached
     // the disk): at a batch boundary, or inside a batch.
     for cut in [0usize, 7] {
