@@ -230,12 +230,14 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     // On SIGTERM a clustered node first hands its leaderships over (still serving, so that
     // the writes it pauses meanwhile are redirected), then stops accepting and drains.
     let node2 = node.clone();
+    // Listening from here on: a second signal sent while the first is handled is kept.
+    let mut signals = Signals::listen();
     let shutdown = async move {
-        shutdown_signal().await;
+        signals.next().await;
         // A second signal exits at once (§15): what was acknowledged is in the WAL (and on
         // the peers); only the in-flight requests go unanswered.
-        tokio::spawn(async {
-            shutdown_signal().await;
+        tokio::spawn(async move {
+            signals.next().await;
             tracing::warn!("second signal: exiting without finishing in-flight requests");
             eprintln!("ursula: second signal: exiting now");
             std::process::exit(EXIT_SECOND_SIGNAL);
@@ -334,25 +336,51 @@ fn repair(args: &RepairArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM and SIGINT (Ctrl-C), listened to from when this is made: a signal that arrives
+/// while nothing awaits [`Signals::next`] is kept for the next call (a second signal sent
+/// right after the first, before the task that waits for it ran, was lost when each wait
+/// made its own listener).
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
+            }
         }
+        #[cfg(not(unix))]
+        Signals {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// The next SIGTERM or SIGINT (never, if neither could be listened to).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn one(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = one(&mut self.term) => {}
+                _ = one(&mut self.int) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
