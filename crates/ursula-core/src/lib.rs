@@ -4,6 +4,7 @@
 //!
 //! Module map:
 //! - [`bytelog`]: a stream's hot bytes in fixed-size chunks.
+//! - [`ends`]: a stream's message ends in shared chunks, so that a snapshot's clone is cheap.
 //! - [`cold`]: chunk references into the cold tier, flushes, object GC, read plans.
 //! - [`external`]: payloads written to the cold tier before they are proposed.
 //! - [`ids`]: bucket and stream IDs, stream keys, group placement, incarnations.
@@ -28,6 +29,7 @@ pub mod cold;
 pub mod command;
 pub mod content_type;
 pub mod encoding;
+pub mod ends;
 pub mod error;
 pub mod external;
 pub mod group;

@@ -192,11 +192,12 @@ impl StreamState {
                 r.checked_sub(self.ends_cut)
                     .and_then(|i| usize::try_from(i).ok())
             };
-            let ends = match (index(start), index(next)) {
-                (Some(from), Some(to)) => self.ends.get(from..to).unwrap_or(&[]),
-                _ => &[],
+            let fit = match (index(start), index(next)) {
+                (Some(from), Some(to)) if from <= to && to <= self.ends.len() => {
+                    self.ends.partition_point_in(from, to, |e| e <= limit) - from
+                }
+                _ => 0,
             };
-            let fit = ends.partition_point(|e| *e <= limit);
             next = start + (fit as u64).max(1).min(next - start);
         }
         RecordWindow {

@@ -114,12 +114,12 @@ impl StreamState {
         }
         // Message ends are not needed below the retained offset: reads, snapshots, forks and
         // retention there all answer 410 (forks copy the ends they inherit when pinned).
-        let cut = self.ends.partition_point(|e| *e <= self.retained);
-        if cut > 0 {
-            self.cut_offset = self.ends[cut - 1];
+        let retained = self.retained;
+        let cut = self.ends.partition_point(|e| e <= retained);
+        if let Some(last) = cut.checked_sub(1).and_then(|i| self.ends.get(i)) {
+            self.cut_offset = last;
             self.ends_cut += cut as u64;
-            self.ends.drain(..cut);
-            self.ends.shrink_to_fit();
+            self.ends.drop_front(cut);
             freed += 8 * cut as u64;
         }
         freed

@@ -3,6 +3,7 @@
 use crate::bytelog::ByteLog;
 use crate::cold::ColdChunks;
 use crate::command::Lifetime;
+use crate::ends::Ends;
 use crate::ids::{Incarnation, StreamKey};
 use crate::producer::ProducerState;
 use crate::snapshot::{ColdSnapshotRef, Snapshot};
@@ -61,7 +62,7 @@ pub struct StreamState {
     pub tail: u64,
     /// End offsets of the messages in `[cut_offset, tail)` (JSON: records; others: appends),
     /// after the `ends_cut` messages retention dropped from the front.
-    pub ends: Vec<u64>,
+    pub ends: Ends,
     /// How many message ends retention dropped from the front of `ends`, so that record
     /// ordinals never change: `ends[i]` is the end of record `ends_cut + i`.
     pub ends_cut: u64,
@@ -120,7 +121,7 @@ impl StreamState {
             return Some(self.ends_cut);
         }
         self.ends
-            .binary_search(&offset)
+            .binary_search(offset)
             .ok()
             .map(|i| self.ends_cut + i as u64 + 1)
     }
@@ -131,7 +132,7 @@ impl StreamState {
             return Some(self.cut_offset);
         }
         let i = r.checked_sub(self.ends_cut + 1)?;
-        self.ends.get(usize::try_from(i).ok()?).copied()
+        self.ends.get(usize::try_from(i).ok()?)
     }
 
     /// Whether `offset` is a message boundary.
@@ -143,12 +144,11 @@ impl StreamState {
     /// Used to end reads of JSON streams on whole messages. Returns `start` when there is
     /// no boundary after it (start == tail).
     pub fn boundary_end(&self, start: u64, limit: u64) -> u64 {
-        let after = self.ends.partition_point(|e| *e <= start);
-        let upto = self.ends.partition_point(|e| *e <= limit);
-        if upto > after {
-            self.ends[upto - 1]
-        } else {
-            self.ends.get(after).copied().unwrap_or(start)
+        let after = self.ends.partition_point(|e| e <= start);
+        let upto = self.ends.partition_point(|e| e <= limit);
+        match upto.checked_sub(1) {
+            Some(last) if upto > after => self.ends.get(last).unwrap_or(start),
+            _ => self.ends.get(after).unwrap_or(start),
         }
     }
 
@@ -221,7 +221,7 @@ mod tests {
             data_start: 0,
             data: ByteLog::new(),
             tail: 0,
-            ends: Vec::new(),
+            ends: Ends::default(),
             ends_cut: 0,
             cut_offset: 0,
             retained: 0,

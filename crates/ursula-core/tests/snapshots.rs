@@ -710,7 +710,7 @@ fn check_invariants(g: &Group, m: &Model, ctx: &str) {
         }
     }
     assert!(
-        s.ends.iter().all(|e| *e > s.retained),
+        s.ends.iter().all(|e| e > s.retained),
         "{ctx}: index below retention"
     );
 }

@@ -66,7 +66,7 @@ impl From<StreamStateV1> for StreamState {
             data_start: s.data_start,
             data: s.data,
             tail: s.tail,
-            ends: s.ends,
+            ends: s.ends.into(),
             ends_cut: s.ends_cut,
             cut_offset: s.cut_offset,
             retained: s.retained,

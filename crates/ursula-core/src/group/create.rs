@@ -165,7 +165,7 @@ impl GroupState {
             data_start: own_start,
             data: crate::bytelog::ByteLog::new(),
             tail: own_start,
-            ends,
+            ends: ends.into(),
             ends_cut,
             cut_offset,
             retained,

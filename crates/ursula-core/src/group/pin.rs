@@ -102,7 +102,7 @@ impl GroupState {
                 floor: s.retained,
             },
         );
-        let upto = s.ends.partition_point(|e| *e <= point);
+        let upto = s.ends.partition_point(|e| e <= point);
         Ok(Reply::Pinned(Box::new(PinnedSource {
             pin_id: req.pin_id,
             deadline_ms: req.deadline_ms,
@@ -114,7 +114,7 @@ impl GroupState {
             record_at_point,
             retained: s.retained,
             depth: s.depth + 1,
-            ends_prefix: s.ends[..upto].to_vec(),
+            ends_prefix: s.ends.to_vec(0, upto),
             ends_cut: s.ends_cut,
             cut_offset: s.cut_offset,
             snapshot,

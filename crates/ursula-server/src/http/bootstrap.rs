@@ -58,13 +58,13 @@ pub async fn get(app: &Arc<App>, target: &Target, query: Option<&str>, touch: bo
         .with_stream(key, |s| {
             object = s.snapshot_object.clone();
             let start = s.snapshot.as_ref().map_or(s.retained, |v| v.offset);
-            let lo = s.ends.partition_point(|e| *e <= start);
-            let hi = s.ends.partition_point(|e| *e <= s.tail);
+            let lo = s.ends.partition_point(|e| e <= start);
+            let hi = s.ends.partition_point(|e| e <= s.tail);
             Plan {
                 snapshot: s.snapshot.clone(),
                 start,
                 tail: s.tail,
-                ends: s.ends[lo..hi].to_vec(),
+                ends: s.ends.to_vec(lo, hi),
                 content_type: s.content_type.clone(),
                 json: s.json,
                 closed: s.closed,
