@@ -367,7 +367,7 @@ impl Wal {
             rt.spawn(deliver_batches(rx));
             tx
         });
-        let writer = Writer {
+        let mut writer = Writer {
             shared: Arc::clone(&shared),
             rx,
             segment_bytes: opts.segment_bytes,
@@ -386,6 +386,7 @@ impl Wal {
             groups: writer::Groups::default(),
             _lock: lock,
         };
+        writer.prepare_before_serving();
         let handle = thread::Builder::new()
             .name("ursula-wal".into())
             .spawn(move || writer.run())?;

@@ -138,16 +138,42 @@ impl std::fmt::Display for SpareArrived {
 
 impl std::error::Error for SpareArrived {}
 
+/// The next segment: being prepared on a thread of its own, or ready.
+pub(super) enum Next {
+    Filling(thread::JoinHandle<io::Result<PathBuf>>),
+    Ready(PathBuf),
+}
+
+impl Next {
+    pub(super) fn is_finished(&self) -> bool {
+        match self {
+            Next::Filling(h) => h.is_finished(),
+            Next::Ready(_) => true,
+        }
+    }
+
+    /// The prepared file once it is durable (waits for a fill to end); `None` if it failed.
+    pub(super) fn wait(self) -> Option<PathBuf> {
+        match self {
+            Next::Filling(h) => h.join().ok().and_then(Result::ok),
+            Next::Ready(path) => Some(path),
+        }
+    }
+}
+
+/// Zero-fills the next segment, of `len` bytes, at `path` flat out on the calling thread: what
+/// a WAL with no spare does before it serves (`Writer::prepare_before_serving`). Returns the
+/// path once the file is durable.
+pub(super) fn now(shared: &Shared, path: PathBuf, len: u64) -> io::Result<PathBuf> {
+    prepare_segment(shared.fs.as_ref(), &path, len, ZeroFill::Bulk)?;
+    Ok(path)
+}
+
 /// Starts preparing the next segment, of `len` bytes, on a thread of its own: a spare segment
 /// if there is one (`spare`), else a file zero-filled at `path`, given up for a spare that
 /// comes free meanwhile; `room`: bytes the active segment can still take. The thread returns
 /// the prepared file's path once it is durable.
-pub(super) fn spawn(
-    shared: &Arc<Shared>,
-    path: PathBuf,
-    len: u64,
-    room: u64,
-) -> io::Result<thread::JoinHandle<io::Result<PathBuf>>> {
+pub(super) fn spawn(shared: &Arc<Shared>, path: PathBuf, len: u64, room: u64) -> io::Result<Next> {
     shared.hurry_prepare.store(false, Ordering::Release);
     let now = Instant::now();
     let mut pace = Pace {
@@ -161,7 +187,7 @@ pub(super) fn spawn(
     };
     let fs = Arc::clone(&shared.fs);
     let shared = Arc::clone(shared);
-    thread::Builder::new()
+    let filling = thread::Builder::new()
         .name("ursula-wal-prep".into())
         .spawn(move || {
             let from_spare = |spare: PathBuf, pace: &mut Pace| {
@@ -175,9 +201,12 @@ pub(super) fn spawn(
             if let Some(spare) = spare::take(&shared) {
                 return from_spare(spare, &mut pace);
             }
-            let filled = prepare_segment(fs.as_ref(), &path, len, &mut |filled| {
-                pace.after_chunk(filled)
-            });
+            let after = &mut |filled| pace.after_chunk(filled);
+            let how = ZeroFill::Paced {
+                chunk: CHUNK,
+                after,
+            };
+            let filled = prepare_segment(fs.as_ref(), &path, len, how);
             match filled {
                 Ok(()) => Ok(path),
                 Err(e) if e.get_ref().is_some_and(|e| e.is::<SpareArrived>()) => {
@@ -188,28 +217,20 @@ pub(super) fn spawn(
                 }
                 Err(e) => Err(e),
             }
-        })
+        })?;
+    Ok(Next::Filling(filling))
 }
 
-/// Writes `len` zero bytes to `path`, chunk by chunk, and syncs it; `after` paces the chunks.
+/// Writes `len` zero bytes to `path` (flat out, or chunk by chunk as `how` says) and syncs it.
 /// A failed (or stopped) preparation deletes the file.
 fn prepare_segment(
     fs: &dyn FileSystem,
     path: &Path,
     len: u64,
-    after: &mut dyn FnMut(u64) -> io::Result<()>,
+    how: ZeroFill<'_>,
 ) -> io::Result<()> {
     let file = fs.open(path, OpenMode::CreateTruncate)?;
-    let res = file
-        .zero_fill(
-            0,
-            len,
-            ZeroFill::Paced {
-                chunk: CHUNK,
-                after,
-            },
-        )
-        .and_then(|()| file.sync_all());
+    let res = file.zero_fill(0, len, how).and_then(|()| file.sync_all());
     if res.is_err() {
         // Never leave a half-allocated file holding space a full disk needs.
         let _ = fs.remove_file(path);
@@ -238,6 +259,52 @@ mod tests {
         (tmp, wal)
     }
 
+    fn rec(len: usize) -> WalRecord {
+        WalRecord {
+            group: 0,
+            kind: 0,
+            payload: vec![7; len],
+        }
+    }
+
+    /// Rotates once (to the segment made before the WAL served), so that the next segment is
+    /// filled in the background from here on, with the WAL seen as nearly idle: the record
+    /// that rotates is small, so the fill goes at the slowest pace.
+    fn rotate_once(wal: &Wal, rt: &tokio::runtime::Runtime, segment_bytes: u64) {
+        let almost_full = segment_bytes as usize - (64 << 10);
+        for len in [100, almost_full, 128 << 10] {
+            rt.block_on(wal.append(vec![rec(len)])).unwrap();
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_fresh_wal_makes_its_next_segment_before_it_serves() {
+        let (tmp, wal) = open_wal(8 * MIB);
+        let prepared = tmp.path().join(PREPARED_SEGMENT_NAME);
+        // Already whole when `open` returned: no fill runs beside the first appends.
+        assert_eq!(std::fs::metadata(&prepared).unwrap().len(), 8 * MIB);
+        let rt = runtime();
+        rotate_once(&wal, &rt, 8 * MIB);
+        assert_eq!(wal.segments_reused(), 0);
+        wal.close();
+        // Without syncs there is no stall to spare, and no file is made.
+        let tmp = tempfile::tempdir().unwrap();
+        let opts = WalOptions {
+            segment_bytes: 8 * MIB,
+            fsync: false,
+            ..Default::default()
+        };
+        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        assert!(!tmp.path().join(PREPARED_SEGMENT_NAME).exists());
+        wal.close();
+    }
+
     #[test]
     fn a_rotation_does_not_wait_for_a_slow_paced_fill() {
         let (_tmp, wal) = open_wal(8 * MIB);
@@ -246,21 +313,14 @@ mod tests {
             .shared
             .prepare_min_rate
             .store(MIB, Ordering::Relaxed);
-        let rec = |len: usize| WalRecord {
-            group: 0,
-            kind: 0,
-            payload: vec![7; len],
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(wal.append(vec![rec(100)])).unwrap();
+        let rt = runtime();
+        rotate_once(&wal, &rt, 8 * MIB);
         // Larger than the room left: the active segment rotates now, mid-fill.
         let started = Instant::now();
         rt.block_on(wal.append(vec![rec(9 << 20)])).unwrap();
         let took = started.elapsed();
         assert!(
-            took < Duration::from_secs(4),
+            took < Duration::from_millis(1500),
             "the rotation waited {took:?}"
         );
         wal.close();
@@ -269,6 +329,7 @@ mod tests {
     #[test]
     fn closing_the_wal_stops_a_paced_fill_and_deletes_its_file() {
         let (tmp, wal) = open_wal(32 * MIB);
+        rotate_once(&wal, &runtime(), 32 * MIB);
         let prepared = tmp.path().join(PREPARED_SEGMENT_NAME);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !prepared.exists() {

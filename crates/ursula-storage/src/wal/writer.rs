@@ -16,9 +16,10 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
+use super::prepare::Next;
 use super::segment::{
     ActiveSegment, PREPARED_SEGMENT_NAME, adopt_segment, create_segment, has_room,
     preallocate_active,
@@ -117,8 +118,9 @@ pub(super) struct Writer {
     pub poisoned: Option<String>,
     /// Set when the current batch failed fatally: its requests complete with `SyncFailed`.
     pub batch_failed: Option<String>,
-    /// A zero-filled file being prepared for the next segment (see `prepare_segment`).
-    pub next_segment: Option<JoinHandle<io::Result<std::path::PathBuf>>>,
+    /// The file the next segment is made of: a spare being readied or a zero-filled file
+    /// (`prepare`).
+    pub next_segment: Option<Next>,
     /// The groups that wrote to the current batch.
     pub groups: Groups,
     /// Holds the directory lock for as long as the writer runs.
@@ -160,8 +162,8 @@ impl Writer {
         }
         // A closed WAL touches no file any more: a WAL opened next on the same directory
         // (in this process) must not race a preparation of ours on `wal-next.prepared`.
-        if let Some(h) = self.next_segment.take() {
-            let _ = h.join();
+        if let Some(next) = self.next_segment.take() {
+            next.wait();
         }
         self.shared.closed.store(true, Ordering::SeqCst);
         // Requests still queued are dropped with the receiver and complete with `Closed`.
@@ -361,11 +363,7 @@ impl Writer {
         // A fill still running is told to go flat out: finishing it costs less than filling a
         // fresh segment here.
         self.shared.hurry_prepare.store(true, Ordering::Release);
-        let ready = self
-            .next_segment
-            .take()
-            .and_then(|h| h.join().ok())
-            .and_then(Result::ok);
+        let ready = self.next_segment.take().and_then(Next::wait);
         if ready.as_deref().is_some_and(super::spare::is_spare) {
             self.shared.reused.fetch_add(1, Ordering::Relaxed);
         }
@@ -406,6 +404,33 @@ impl Writer {
         Ok(())
     }
 
+    /// Makes the next segment before the WAL serves, flat out, when there is no spare to make
+    /// it of: filled beside the live WAL, even paced, each piece of the fill stalls the syncs
+    /// of the node's first segment of appends (docs/benchmarks.md, session 31). A WAL that has
+    /// run long enough to release segments has spares and skips this. On failure (or when the
+    /// fill would take the space kept in reserve) the next segment is left to `prepare_next`.
+    pub(super) fn prepare_before_serving(&mut self) {
+        if !self.shared.fsync
+            || self.next_segment.is_some()
+            || super::spare::any(&self.shared)
+            || !has_room(
+                self.shared.fs.as_ref(),
+                &self.shared.dir,
+                self.segment_bytes,
+                self.reserve_bytes,
+            )
+        {
+            return;
+        }
+        let path = self.shared.dir.join(PREPARED_SEGMENT_NAME);
+        match super::prepare::now(&self.shared, path, self.segment_bytes) {
+            Ok(path) => self.next_segment = Some(Next::Ready(path)),
+            Err(e) => {
+                tracing::warn!(error = %e, "wal: could not prepare the next segment; it is prepared in the background")
+            }
+        }
+    }
+
     /// Starts preparing the next segment in the background, so that rotating to it is a
     /// rename and every later `fdatasync` only has data to flush: writing inside an allocated,
     /// already-written file changes no metadata, which halves the IOs per sync on ext4. A
@@ -438,8 +463,8 @@ impl Writer {
     fn discard_prepared(&mut self) {
         super::spare::discard_all(&self.shared);
         match self.next_segment.take() {
-            Some(h) if h.is_finished() => {
-                if let Ok(Ok(path)) = h.join() {
+            Some(next) if next.is_finished() => {
+                if let Some(path) = next.wait() {
                     match self.shared.fs.remove_file(&path) {
                         Ok(()) => {
                             tracing::info!("wal: deleted the prepared next segment to free space")
