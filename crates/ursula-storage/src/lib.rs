@@ -68,8 +68,8 @@
 //! trimmed back to its records. Only whole, sealed segments are released
 //! ([`wal::Wal::remove_segments_before`]), oldest first: up to two are kept as spares, and the
 //! next segment is made of a spare when there is one (its header zeroed and synced first), so
-//! its blocks need no zero-fill; else a fresh file, `wal-next.prepared`, is zero-filled at a
-//! pace. So a version-3 segment may hold, after its own batches, the batches of the file's
+//! its blocks need no zero-fill; else a fresh file, `wal-next.prepared`, is zero-filled: flat
+//! out while the WAL opens (before the node serves), at a pace beside the live WAL after. So a version-3 segment may hold, after its own batches, the batches of the file's
 //! earlier use, whose LSNs are all below the segment's first one; version 2 segments were
 //! always zero-filled.
 //!
