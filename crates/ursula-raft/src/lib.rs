@@ -70,12 +70,13 @@
 //! ### Snapshots
 //!
 //! Payload = `bincode(SnapshotHeader)` (format 1, group, last applied log id, membership,
-//! applied command count, snapshot id) followed by `GroupState::encode()`. Snapshots are built
-//! every `snapshot_logs` entries (openraft `SnapshotPolicy::LogsSinceLast`), or by upkeep when
-//! a group's retained log grows past max(64 MiB, its last snapshot), or when its entries pin the
-//! oldest segment and the WAL is larger than its last snapshot, or when the policy is due but
-//! openraft dropped its trigger (it checks only on commit, and not while a build runs); the log
-//! is purged right after (`max_in_snapshot_log_to_keep = 0`). A snapshot file that cannot be written is
+//! applied command count, snapshot id) followed by `GroupState::encode()`. Upkeep triggers them
+//! (openraft's own policy is `Never`), at most one per pass and one per group per second: when
+//! a group's retained log grows past max(`snapshot_min_log_bytes`, its last snapshot), when its
+//! entries pin the oldest segment and the WAL is larger than its last snapshot, or after
+//! `snapshot_logs` entries once the log since the last snapshot holds at least half of that
+//! snapshot's bytes (so a byte of log costs at most two bytes of snapshot, however large the
+//! state grows); the log is purged right after (`max_in_snapshot_log_to_keep = 0`). A snapshot file that cannot be written is
 //! retried with backoff inside the build (openraft would stop the group if the build failed);
 //! the log is not purged meanwhile and writes go on.
 //!

@@ -42,6 +42,10 @@ pub struct GroupMetrics {
     pub voter_ids: Vec<u64>,
     /// Members of the effective membership that are not voters.
     pub learner_ids: Vec<u64>,
+    /// Bytes of the group's latest snapshot file (0: none).
+    pub snapshot_bytes: u64,
+    /// Encoded bytes of the log entries the group still holds (those after its snapshot).
+    pub log_bytes: u64,
 }
 
 fn pair(l: &Option<LogId<u64>>) -> Option<(u64, u64)> {
@@ -90,6 +94,8 @@ pub(crate) fn of(group: u32, m: &openraft::RaftMetrics<u64, openraft::BasicNode>
         purged_id: pair(&m.purged),
         voter_ids,
         learner_ids,
+        snapshot_bytes: 0,
+        log_bytes: 0,
     }
 }
 

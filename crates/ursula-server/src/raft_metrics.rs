@@ -41,7 +41,7 @@ type Gauge = (&'static str, &'static str, fn(&GroupRow) -> Option<u64>);
 /// The rows in the Prometheus text format.
 pub fn prometheus(rows: &[GroupRow]) -> String {
     let mut out = String::new();
-    let gauges: [Gauge; 7] = [
+    let gauges: [Gauge; 9] = [
         (
             "ursula_raft_group_role",
             "0 follower, 1 candidate, 2 leader, 3 learner, 4 shut down",
@@ -72,6 +72,16 @@ pub fn prometheus(rows: &[GroupRow]) -> String {
             "ursula_raft_group_quorum_ack_age_ms",
             "leader only: ms since a quorum acknowledged it",
             |r| r.since_quorum_ack_ms,
+        ),
+        (
+            "ursula_raft_group_snapshot_bytes",
+            "bytes of the group's latest snapshot file",
+            |r| Some(r.snapshot_bytes),
+        ),
+        (
+            "ursula_raft_group_log_bytes",
+            "encoded bytes of the log entries held after the snapshot",
+            |r| Some(r.log_bytes),
         ),
     ];
     for (name, help, get) in gauges {
@@ -263,9 +273,11 @@ mod tests {
             applied_id: Some((7, 8)),
             committed_id: Some((7, 9)),
             voter_ids: vec![1, 2, 3],
+            snapshot_bytes: 4096,
             ..Default::default()
         }];
         let text = prometheus(&rows);
+        assert!(text.contains("ursula_raft_group_snapshot_bytes{group=\"3\"} 4096\n"));
         assert!(
             text.contains("ursula_raft_group_term{group=\"3\"} 7\n"),
             "{text}"

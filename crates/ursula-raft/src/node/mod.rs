@@ -423,6 +423,8 @@ impl Node {
         let m = g.raft.metrics().borrow().clone();
         let mut row = crate::metrics::of(group, &m);
         row.elections = m.current_term.saturating_sub(g.opened_term);
+        row.snapshot_bytes = g.snapshots.bytes();
+        row.log_bytes = g.log.retained_bytes();
         row
     }
 

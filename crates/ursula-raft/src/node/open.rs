@@ -145,7 +145,9 @@ fn raft_config(
         install_snapshot_timeout: 10_000,
         max_payload_entries: 4096,
         replication_lag_threshold: snapshot_logs.saturating_mul(2),
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_logs),
+        // Upkeep triggers every snapshot (`upkeep.rs`): openraft's count policy cannot weigh a
+        // snapshot's size against the log it replaces.
+        snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: 0,
         purge_batch_size: 1,
         ..Default::default()

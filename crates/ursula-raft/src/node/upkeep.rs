@@ -34,6 +34,18 @@ fn segment_starts(dir: &Path) -> Vec<Lsn> {
     out
 }
 
+/// Whether a snapshot that `snapshot_logs` entries made due is worth writing: only once the
+/// log since the last snapshot holds at least half of that snapshot's bytes.
+///
+/// A snapshot is the whole group state, and a state can grow with a stream's history (its
+/// message ends, 8 bytes per message; every byte, with no cold tier to flush to), so at a
+/// fixed count of entries it would be rewritten ever more often per byte logged: at 1 stream
+/// × 16 connections, a snapshot of many megabytes every few seconds. With this rule a byte of
+/// log costs at most two bytes of snapshot, and a small state still snapshots by count.
+pub(super) fn count_snapshot_pays(log_bytes: u64, snapshot_bytes: u64) -> bool {
+    log_bytes.saturating_mul(2) >= snapshot_bytes
+}
+
 impl Upkeep {
     pub(super) async fn run(self, mut stop: watch::Receiver<bool>) {
         let mut last_trigger: Vec<Option<Instant>> = vec![None; self.groups.len()];
@@ -131,15 +143,13 @@ impl Upkeep {
                     .await;
                 continue;
             }
-            // openraft checks its snapshot policy only when an entry commits, and drops the
-            // trigger while a snapshot is being built; re-check for groups that went quiet.
             let due = {
                 let m = raft.metrics();
                 let m = m.borrow();
                 let applied = m.last_applied.map_or(0, |l| l.index + 1);
                 let snapshot = m.snapshot.map_or(0, |l| l.index + 1);
                 applied.saturating_sub(snapshot) >= self.snapshot_logs
-            };
+            } && count_snapshot_pays(log.retained_bytes(), snapshots.bytes());
             if due {
                 triggered = self
                     .maybe_snapshot(i, last_trigger, "its snapshot policy is due")
@@ -215,5 +225,21 @@ impl Node {
                 )
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_snapshot_pays;
+
+    #[test]
+    fn a_snapshot_by_count_waits_for_half_its_size_in_log() {
+        // No snapshot yet, or a small one: the count decides.
+        assert!(count_snapshot_pays(0, 0));
+        assert!(count_snapshot_pays(10 << 10, 4 << 10));
+        // A 100 MB state is rewritten only after 50 MB of log.
+        assert!(!count_snapshot_pays(49_999_999, 100_000_000));
+        assert!(count_snapshot_pays(50_000_000, 100_000_000));
+        assert!(count_snapshot_pays(u64::MAX, u64::MAX));
     }
 }
