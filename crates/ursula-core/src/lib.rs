@@ -4,7 +4,8 @@
 //!
 //! Module map:
 //! - [`bytelog`]: a stream's hot bytes in fixed-size chunks.
-//! - [`ends`]: a stream's message ends in shared chunks, so that a snapshot's clone is cheap.
+//! - [`ends`]: a stream's message ends in shared chunks, so that a snapshot's clone is cheap,
+//!   and packed (LEB128 differences) when persisted.
 //! - [`cold`]: chunk references into the cold tier, flushes, object GC, read plans.
 //! - [`external`]: payloads written to the cold tier before they are proposed.
 //! - [`ids`]: bucket and stream IDs, stream keys, group placement, incarnations.

@@ -85,7 +85,7 @@ fn variants_in(schema: Schema) -> usize {
     match schema {
         Schema::V1 => 15,
         Schema::V2 => 18,
-        Schema::V3 => 20,
+        Schema::V3 | Schema::V4 => 20,
     }
 }
 

@@ -26,12 +26,12 @@ const PAYLOAD_MEMBERSHIP: u8 = 2;
 /// (written before versioning) starts with its payload tag instead, which is below 0x80.
 const VERSIONED: u8 = 0x80;
 
-/// The entry layout this build writes (`VERSIONED | 3`); its commands are in
-/// [`Schema::CURRENT`]. Formats 2 and 3 share the layout; the number is the commands' schema.
+/// The entry layout this build writes (`VERSIONED | 4`); its commands are in
+/// [`Schema::CURRENT`]. Formats 2 to 4 share the layout; the number is the commands' schema.
 pub const ENTRY_FORMAT: u8 = Schema::CURRENT as u8;
 
 /// Version of the snapshot payload layout ([`SnapshotHeader`] + group state) this build
-/// writes. Format `n` holds the group state in schema `n`; formats 1 to 3 are readable.
+/// writes. Format `n` holds the group state in schema `n`; formats 1 to 4 are readable.
 pub const SNAPSHOT_FORMAT: u32 = Schema::CURRENT as u32;
 
 fn bincode_into<T: Serialize>(buf: &mut Vec<u8>, value: &T) -> Result<(), String> {
@@ -101,7 +101,8 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry, String> {
         match first & !VERSIONED {
             2 => (Schema::V2, take(&mut rd, 1)?[0]),
             3 => (Schema::V3, take(&mut rd, 1)?[0]),
-            v => return Err(format!("unknown entry format {v} (this build reads 1..=3)")),
+            4 => (Schema::V4, take(&mut rd, 1)?[0]),
+            v => return Err(format!("unknown entry format {v} (this build reads 1..=4)")),
         }
     };
     let log_id: LogId = bincode_from(&mut rd)?;

@@ -161,16 +161,21 @@ fn entries_are_written_in_format_3_and_formats_1_and_2_still_read() {
         },
     ];
     let enc = encode_entry(&normal(lid(3, 17), cmds.clone())).unwrap();
-    assert_eq!(enc[0], 0x83, "version byte");
+    assert_eq!(enc[0], 0x84, "version byte");
     assert_eq!(enc[1], PAYLOAD_NORMAL);
-    // Formats 2 and 3 are format 1 with the version byte in front (same layout today).
+    // Formats 2 to 4 are format 1 with the version byte in front (same layout today).
     assert_eq!(&enc[1..], &v1_entry(PAYLOAD_NORMAL, &lid(3, 17), &cmds)[..]);
-    let mut v2 = enc.clone();
-    v2[0] = 0x82;
-    assert!(matches!(
-        decode_entry(&v2).unwrap().payload,
-        EntryPayload::Normal(_)
-    ));
+    for older in [0x82, 0x83] {
+        let mut v = enc.clone();
+        v[0] = older;
+        assert!(matches!(
+            decode_entry(&v).unwrap().payload,
+            EntryPayload::Normal(_)
+        ));
+    }
+    let mut v5 = enc.clone();
+    v5[0] = 0x85;
+    assert!(decode_entry(&v5).is_err(), "a later format is refused");
 
     let back = decode_entry(&v1_entry(PAYLOAD_NORMAL, &lid(3, 17), &cmds)).unwrap();
     assert_eq!(back.log_id, lid(3, 17));
@@ -208,7 +213,7 @@ fn golden_layouts_of_the_fixed_records() {
         payload: EntryPayload::Blank,
     })
     .unwrap();
-    let mut want = vec![0x83, 0];
+    let mut want = vec![0x84, 0];
     want.extend_from_slice(&l);
     assert_eq!(e, want);
 }
@@ -217,7 +222,7 @@ fn golden_layouts_of_the_fixed_records() {
 /// hex. openraft's serde layout of `Membership` is part of the entry format: an upgrade that
 /// changed it would fail here (then: a new entry format with a frozen copy of the old layout).
 const MEMBERSHIP_ENTRY_HEX: &str = concat!(
-    "83020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
+    "84020000000000000000010000000000000000000000000000000100000000000000010000000000000001",
     "00000000000000010000000000000001000000000000000e000000000000003132372e302e302e313a34343337"
 );
 
@@ -245,7 +250,7 @@ fn golden_membership_entry() {
 #[test]
 fn unknown_entry_formats_and_tags_are_refused() {
     let enc = encode_entry(&normal(lid(1, 1), vec![])).unwrap();
-    for first in [0x80u8, 0x81, 0x84, 0xff] {
+    for first in [0x80u8, 0x81, 0x85, 0xff] {
         let mut bad = enc.clone();
         bad[0] = first;
         let err = decode_entry(&bad).unwrap_err();
@@ -269,11 +274,17 @@ fn snapshot_formats() {
         applied_commands: 4,
         snapshot_id: "s".into(),
     };
-    let v3 = encode_snapshot_of(&header(SNAPSHOT_FORMAT), &state).unwrap();
-    assert_eq!(&v3[..4], &3u32.to_le_bytes());
-    assert_eq!(decode_snapshot(&v3).unwrap().schema, Schema::V3);
-    // Format 2 (the release before external payloads) has the same layout.
-    let mut v2 = v3.clone();
+    let v4 = encode_snapshot_of(&header(SNAPSHOT_FORMAT), &state).unwrap();
+    assert_eq!(&v4[..4], &4u32.to_le_bytes());
+    assert_eq!(decode_snapshot(&v4).unwrap().schema, Schema::V4);
+    // Formats 3 and 2 (before packed message ends, and before external payloads): an empty
+    // group has no message ends, so the same bytes.
+    let mut v3 = v4.clone();
+    v3[..4].copy_from_slice(&3u32.to_le_bytes());
+    let parts = decode_snapshot(&v3).unwrap();
+    assert_eq!(parts.schema, Schema::V3);
+    assert_eq!(parts.decode_state().unwrap().group, 1);
+    let mut v2 = v4.clone();
     v2[..4].copy_from_slice(&2u32.to_le_bytes());
     let parts = decode_snapshot(&v2).unwrap();
     assert_eq!(parts.schema, Schema::V2);
@@ -291,7 +302,7 @@ fn snapshot_formats() {
         encode_snapshot(&header(1), parts.state).is_ok(),
         "kept as it came"
     );
-    for format in [0u32, 4, u32::MAX] {
+    for format in [0u32, 5, u32::MAX] {
         let mut bad = v2.clone();
         bad[..4].copy_from_slice(&format.to_le_bytes());
         let err = decode_snapshot(&bad).unwrap_err();

@@ -12,22 +12,27 @@
 //! - [`Schema::V2`]: V1 plus the cold tier's references (a stream's chunk references, a group's
 //!   object bookkeeping) and the cold commands. Commands of V1 decode as V2 (the new variants
 //!   come last); group states of V1 decode through the frozen types of [`v1`].
-//! - [`Schema::V3`]: what this build writes: V2 plus the external-payload commands
-//!   (`Op::AppendExternal`, `Op::CreateExternal`, cluster.md §6.4). Strictly additive: the new
-//!   variants come last and no existing type changed, so V1 and V2 commands decode as V3 and
-//!   the group state has V2's layout (an external payload is one more chunk reference). The
-//!   number still changes, so that a build before it refuses such entries by their version
-//!   instead of failing on an unknown variant.
+//! - [`Schema::V3`]: V2 plus the external-payload commands (`Op::AppendExternal`,
+//!   `Op::CreateExternal`, cluster.md §6.4). Strictly additive: the new variants come last and
+//!   no existing type changed, so V1 and V2 commands decode as V3 and the group state has V2's
+//!   layout (an external payload is one more chunk reference). The number still changes, so
+//!   that a build before it refuses such entries by their version instead of failing on an
+//!   unknown variant.
+//! - [`Schema::V4`]: what this build writes: a stream's message ends packed (the count, then
+//!   LEB128 differences, [`crate::ends`]) instead of a `Vec<u64>`: about two bytes a message
+//!   instead of eight, in every group snapshot. Commands did not change (V1 to V3 commands
+//!   decode as V4); group states of V2 and V3 decode through the frozen types of [`v3`].
 //!
 //! # Adding a field or a variant
 //!
 //! The layout is positional, so a change to any persisted type (here and in every type they
-//! contain) is a new schema: copy the types as they are into a frozen `encoding/v2.rs` module
-//! (decode-only, with `From` conversions into the live types), add `Schema::V3` and make it
+//! contain) is a new schema: copy the types as they are into a frozen `encoding/v4.rs` module
+//! (decode-only, with `From` conversions into the live types), add `Schema::V5` and make it
 //! [`Schema::CURRENT`], then change the live types. The golden test fails on any change to the
 //! bytes of an existing schema, which is the reminder. docs/storage.md has the full rule.
 
 mod v1;
+mod v3;
 
 use crate::command::Command;
 use crate::group::GroupState;
@@ -44,16 +49,18 @@ pub enum Schema {
     V1 = 1,
     /// Cold-tier references (the release before external payloads). Read-only.
     V2 = 2,
-    /// Written by this build.
+    /// External payloads (the release before packed message ends). Read-only.
     V3 = 3,
+    /// Written by this build.
+    V4 = 4,
 }
 
 impl Schema {
     /// The schema this build writes.
-    pub const CURRENT: Schema = Schema::V3;
+    pub const CURRENT: Schema = Schema::V4;
 
     /// Every schema this build reads, oldest first.
-    pub const READABLE: [Schema; 3] = [Schema::V1, Schema::V2, Schema::V3];
+    pub const READABLE: [Schema; 4] = [Schema::V1, Schema::V2, Schema::V3, Schema::V4];
 
     /// The schema numbered `n`, if this build reads it.
     pub fn from_number(n: u32) -> Result<Schema, String> {
@@ -61,6 +68,7 @@ impl Schema {
             1 => Ok(Schema::V1),
             2 => Ok(Schema::V2),
             3 => Ok(Schema::V3),
+            4 => Ok(Schema::V4),
             other => Err(format!(
                 "unknown encoding schema {other} (this build reads 1..={})",
                 Schema::CURRENT as u8
@@ -106,9 +114,9 @@ impl Command {
     /// Decodes one command, exactly `bytes`, written in `schema`.
     pub fn decode(schema: Schema, bytes: &[u8]) -> Result<Self, String> {
         match schema {
-            // V2 and V3 only added variants after those before, so older commands decode
-            // as the current ones.
-            Schema::V1 | Schema::V2 | Schema::V3 => decode(bytes),
+            // V2 and V3 only added variants after those before, and V4 changed no command
+            // type, so older commands decode as the current ones.
+            Schema::V1 | Schema::V2 | Schema::V3 | Schema::V4 => decode(bytes),
         }
     }
 }
@@ -140,8 +148,9 @@ impl GroupState {
     pub fn decode(schema: Schema, bytes: &[u8]) -> Result<Self, String> {
         match schema {
             Schema::V1 => decode::<v1::GroupStateV1>(bytes).map(GroupState::from),
-            // V3 changed no type of the group state.
-            Schema::V2 | Schema::V3 => decode(bytes),
+            // V3 changed no type of the group state; V4 packed the message ends.
+            Schema::V2 | Schema::V3 => decode::<v3::GroupStateV3>(bytes).map(GroupState::from),
+            Schema::V4 => decode(bytes),
         }
     }
 }
@@ -157,11 +166,12 @@ mod tests {
         assert_eq!(Schema::V1.number(), 1);
         assert_eq!(Schema::V2.number(), 2);
         assert_eq!(Schema::V3.number(), 3);
+        assert_eq!(Schema::V4.number(), 4);
         for s in Schema::READABLE {
             assert_eq!(Schema::from_number(s.number()).unwrap(), s);
         }
         assert!(Schema::from_number(0).is_err());
-        assert!(Schema::from_number(4).is_err());
+        assert!(Schema::from_number(5).is_err());
     }
 
     #[test]
