@@ -28,6 +28,8 @@ pub enum OpenMode {
     CreateKeep,
     /// Create if missing, truncate to zero length.
     CreateTruncate,
+    /// Create; fail with `AlreadyExists` if the file is there (`O_EXCL`).
+    CreateNew,
 }
 
 /// An open file of a [`FileSystem`]. Positional writes only: the WAL always knows its offset.
@@ -76,6 +78,8 @@ pub trait FileSystem: Send + Sync + std::fmt::Debug {
     fn read_durable(&self, path: &Path) -> io::Result<Vec<u8>>;
     /// Renames `from` over `to`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Links `to` to the file at `from`; fails with `AlreadyExists` if `to` is there.
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Deletes a file.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// Creates a directory and its parents.
@@ -153,6 +157,9 @@ impl FileSystem for RealFs {
             OpenMode::CreateTruncate => {
                 o.create(true).truncate(true);
             }
+            OpenMode::CreateNew => {
+                o.create_new(true);
+            }
         }
         Ok(Box::new(RealFile(o.open(path)?)))
     }
@@ -173,6 +180,10 @@ impl FileSystem for RealFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         fs::rename(from, to)
+    }
+
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::hard_link(from, to)
     }
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {

@@ -13,15 +13,17 @@
 //! 2. the staging file is synced and hard-linked to `{path}`: the link fails if an object is
 //!    already there (the conditional create), and the parent directory is synced;
 //! 3. the staging file is removed (a crash before leaves it to [`super::staging::sweep`]).
+//!
+//! Every file operation goes through the project's [`FileSystem`] boundary, so that
+//! [`crate::fs::FaultyFs`] can fail any of them in tests.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::{Body, ColdError};
+use crate::fs::{FileSystem, FsFile, OpenMode};
 use crate::pace::Pace;
 
 /// Directories of a store known to be durable, with their ancestors up to the store's
@@ -34,7 +36,7 @@ impl DurableDirs {
     /// Makes `dir` and its ancestors, `levels` directories in all, durable unless known to be.
     /// Every create checks: another create may have made a shared parent without syncing it
     /// yet, or failed before it did.
-    fn ensure(&self, dir: &Path, levels: usize) -> io::Result<()> {
+    fn ensure(&self, fs: &dyn FileSystem, dir: &Path, levels: usize) -> io::Result<()> {
         let known = |d: &Path| self.lock().contains(d);
         if known(dir) {
             return Ok(());
@@ -42,7 +44,7 @@ impl DurableDirs {
         let chain: Vec<&Path> = dir.ancestors().take(levels.max(1)).collect();
         for d in &chain {
             if !known(d) {
-                File::open(d)?.sync_all()?;
+                fs.sync_dir(d)?;
             }
         }
         let mut set = self.lock();
@@ -59,6 +61,7 @@ impl DurableDirs {
 /// it in errors; `levels` is how many directories lie between `dest` and the store's
 /// directory, both included.
 pub(super) fn put_if_absent(
+    fs: &dyn FileSystem,
     dest: &Path,
     key: &str,
     body: &Body,
@@ -70,13 +73,13 @@ pub(super) fn put_if_absent(
         operation: "put",
         source: Box::new(source),
     };
-    let (file, staging) = create_staging(dest).map_err(failed)?;
+    let (file, staging) = create_staging(fs, dest).map_err(failed)?;
     let written = match dest.parent() {
-        Some(parent) => dirs.ensure(parent, levels),
+        Some(parent) => dirs.ensure(fs, parent, levels),
         None => Ok(()),
     }
-    .and_then(|()| write_and_link(&file, &staging, dest, body, pace));
-    let _ = std::fs::remove_file(&staging);
+    .and_then(|()| write_and_link(fs, file.as_ref(), &staging, dest, body, pace));
+    let _ = fs.remove_file(&staging);
     match written {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::AlreadyExists => Err(ColdError::AlreadyExists {
@@ -87,7 +90,8 @@ pub(super) fn put_if_absent(
 }
 
 fn write_and_link(
-    file: &File,
+    fs: &dyn FileSystem,
+    file: &dyn FsFile,
     staging: &Path,
     dest: &Path,
     body: &Body,
@@ -99,25 +103,28 @@ fn write_and_link(
         || file.sync_data(),
     )?;
     file.sync_all()?;
-    std::fs::hard_link(staging, dest)?;
-    sync_parent(dest)
+    fs.hard_link(staging, dest)?;
+    match dest.parent() {
+        Some(p) => fs.sync_dir(p),
+        None => Ok(()),
+    }
 }
 
 /// Opens a fresh staging file beside `dest`, making missing directories (synced by the
 /// caller, [`DurableDirs::ensure`]).
-fn create_staging(dest: &Path) -> io::Result<(File, PathBuf)> {
+fn create_staging(fs: &dyn FileSystem, dest: &Path) -> io::Result<(Box<dyn FsFile>, PathBuf)> {
     let mut n = 1u32;
     let mut made_dirs = false;
     loop {
         let mut name = dest.as_os_str().to_owned();
         name.push(format!("#{n}"));
         let path = PathBuf::from(name);
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
+        match fs.open(&path, OpenMode::CreateNew) {
             Ok(f) => return Ok((f, path)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => n += 1,
             Err(e) if e.kind() == ErrorKind::NotFound && !made_dirs => {
                 if let Some(parent) = dest.parent() {
-                    std::fs::create_dir_all(parent)?;
+                    fs.create_dir_all(parent)?;
                 }
                 made_dirs = true;
             }
@@ -126,9 +133,122 @@ fn create_staging(dest: &Path) -> io::Result<(File, PathBuf)> {
     }
 }
 
-fn sync_parent(path: &Path) -> io::Result<()> {
-    match path.parent() {
-        Some(p) => File::open(p)?.sync_all(),
-        None => Ok(()),
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use object_store::local::LocalFileSystem;
+
+    use crate::cold::store::ObjectColdStore;
+    use crate::cold::{Body, ColdStore, ObjectKey};
+    use crate::fs::{EIO, ENOSPC, FaultOp, FaultyFs};
+    use crate::pace::Pace;
+
+    const BYTES: &[u8] = b"sixteen bytes!!!";
+
+    /// A `local` store over `dir` whose creates go through `faulty`, in pieces of 4 bytes
+    /// (each synced but the last) and without pauses.
+    fn store(dir: &std::path::Path, faulty: &FaultyFs) -> ObjectColdStore {
+        let pace = Pace {
+            piece: 4,
+            rate: 0,
+            longest: Duration::ZERO,
+        };
+        let local = Arc::new(LocalFileSystem::new_with_prefix(dir).unwrap());
+        ObjectColdStore::local(local, None, pace)
+            .unwrap()
+            .with_filesystem(Arc::new(faulty.clone()))
+    }
+
+    fn files(dir: &std::path::Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    out.push(p.strip_prefix(dir).unwrap().display().to_string());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Every storage fault on the way to an object fails the create with a transient error,
+    /// leaves neither the object nor a staging file, and the same create succeeds once the
+    /// fault is gone.
+    #[tokio::test]
+    async fn a_fault_anywhere_in_a_create_leaves_nothing_and_a_retry_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = ObjectKey::new("chunks/g00001/1.chunk").unwrap();
+        let dest = dir.path().join(key.as_str());
+        let mut staging = dest.clone().into_os_string();
+        staging.push("#1");
+        let staging = std::path::PathBuf::from(staging);
+        type Plan = fn(&FaultyFs, &std::path::Path);
+        let cases: [(&str, Plan); 6] = [
+            ("create, disk full", |f, _| {
+                f.fail(FaultOp::Create, 1, 1, ENOSPC)
+            }),
+            ("second piece's write", |f, s| {
+                f.fail_at(FaultOp::Write, s, 2, 1, EIO)
+            }),
+            ("first piece's write, disk full", |f, s| {
+                f.fail_at(FaultOp::Write, s, 1, 1, ENOSPC)
+            }),
+            ("second piece's sync", |f, s| {
+                f.fail_at(FaultOp::Sync, s, 2, 1, EIO)
+            }),
+            ("final sync", |f, s| f.fail_at(FaultOp::Sync, s, 4, 1, EIO)),
+            ("link into place", |f, s| {
+                f.fail_at(FaultOp::Rename, s, 1, 1, EIO)
+            }),
+        ];
+        for (what, plan) in cases {
+            let faulty = FaultyFs::new();
+            let store = store(dir.path(), &faulty);
+            plan(&faulty, &staging);
+            let err = store
+                .put_if_absent_paced(&key, Body::from(Bytes::from_static(BYTES)))
+                .await
+                .unwrap_err();
+            assert!(err.is_transient(), "{what}: {err}");
+            assert!(
+                files(dir.path()).is_empty(),
+                "{what}: {:?}",
+                files(dir.path())
+            );
+            store
+                .put_if_absent_paced(&key, Body::from(Bytes::from_static(BYTES)))
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read(&dest).unwrap(), BYTES, "{what}");
+            assert_eq!(files(dir.path()), vec![key.as_str().to_owned()], "{what}");
+            std::fs::remove_file(&dest).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn every_piece_is_synced_before_the_object_is_linked() {
+        let dir = tempfile::tempdir().unwrap();
+        let faulty = FaultyFs::new();
+        let store = store(dir.path(), &faulty);
+        let key = ObjectKey::new("a/1.chunk").unwrap();
+        store
+            .put_if_absent_paced(&key, Body::from(Bytes::from_static(BYTES)))
+            .await
+            .unwrap();
+        // Four pieces: three syncs between them, the file's final sync, the directories from
+        // the object's up to the store's (two), and the parent after the link.
+        assert_eq!(faulty.count(FaultOp::Write), 4);
+        assert_eq!(faulty.count(FaultOp::Sync), 3 + 1 + 2 + 1);
+        assert_eq!(faulty.count(FaultOp::Rename), 1);
     }
 }

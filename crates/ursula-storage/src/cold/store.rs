@@ -2,6 +2,7 @@
 
 use super::local_put::DurableDirs;
 use super::{Body, ColdError, ObjectKey};
+use crate::fs::{FileSystem, RealFs};
 use crate::pace::Pace;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -101,10 +102,12 @@ pub struct ObjectColdStore {
     paced: Option<LocalPut>,
 }
 
-/// How a `local` store writes its creates: into `fs`'s directory, at `pace` when paced.
+/// How a `local` store writes its creates: into `fs`'s directory through `io`, at `pace` when
+/// paced.
 #[derive(Debug, Clone)]
 struct LocalPut {
     fs: Arc<LocalFileSystem>,
+    io: Arc<dyn FileSystem>,
     pace: Pace,
     dirs: Arc<DurableDirs>,
 }
@@ -154,10 +157,20 @@ impl ObjectColdStore {
         let mut store = Self::new(local.clone(), root, "local")?;
         store.paced = Some(LocalPut {
             fs: local,
+            io: Arc::new(RealFs),
             pace,
             dirs: Arc::default(),
         });
         Ok(store)
+    }
+
+    /// Writes a `local` store's creates through `io` instead of the real filesystem (tests
+    /// inject faults with [`crate::fs::FaultyFs`]); other stores are unchanged.
+    pub fn with_filesystem(mut self, io: Arc<dyn FileSystem>) -> Self {
+        if let Some(p) = &mut self.paced {
+            p.io = io;
+        }
+        self
     }
 
     /// An in-memory store (tests).
@@ -210,9 +223,13 @@ impl ObjectColdStore {
             .map_err(|e| ColdError::from_store("put", key.as_str(), e))?;
         // The directories from the object's up to the store's.
         let levels = path.as_ref().matches('/').count() + 1;
-        let (key, dirs) = (key.to_string(), Arc::clone(&local.dirs));
+        let (key, dirs, io) = (
+            key.to_string(),
+            Arc::clone(&local.dirs),
+            Arc::clone(&local.io),
+        );
         tokio::task::spawn_blocking(move || {
-            super::local_put::put_if_absent(&dest, &key, &body, pace, &dirs, levels)
+            super::local_put::put_if_absent(io.as_ref(), &dest, &key, &body, pace, &dirs, levels)
         })
         .await
         .map_err(|e| ColdError::Unavailable {

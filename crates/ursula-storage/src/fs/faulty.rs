@@ -13,7 +13,7 @@ pub enum FaultOp {
     Write,
     /// `fdatasync`, `fsync` of a file, or a directory sync.
     Sync,
-    /// A rename.
+    /// A rename, or a hard link (both change a directory's entries).
     Rename,
     /// Allocation of file space ([`FsFile::zero_fill`]).
     Allocate,
@@ -179,6 +179,10 @@ impl FileSystem for FaultyFs {
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.check(FaultOp::Rename, from)?;
         RealFs.rename(from, to)
+    }
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.check(FaultOp::Rename, from)?;
+        RealFs.hard_link(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         RealFs.remove_file(path)
