@@ -5,7 +5,8 @@
 //! stream's message ends are 8 bytes per message since its retained start (millions for a
 //! busy stream), and a `Vec` of them was copied whole each time. Here they are kept in
 //! chunks of [`CHUNK`]: full chunks are immutable and shared between clones (`Arc`), so a
-//! clone copies one pointer per chunk and the open chunk. Dropping ends from the front
+//! clone copies one pointer per chunk and the open chunk. A full chunk keeps its ends as 4-byte
+//! offsets from its first unless it spans 4 GiB or more: 4 bytes a message in memory. Dropping ends from the front
 //! (retention) frees whole chunks.
 //!
 //! Persisted (schema 4, [`crate::encoding`]) as the count, then each end's difference from the
@@ -18,14 +19,75 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// Ends per shared chunk (32 KiB).
+/// Ends per shared chunk (16 KiB as 4-byte offsets; 32 KiB for a chunk spanning 4 GiB or more).
 pub const CHUNK: usize = 4096;
+
+/// A full chunk of [`CHUNK`] ends, shared with clones. Most chunks span less than 4 GiB, so
+/// they hold each end as a 4-byte offset from the chunk's first: half the memory.
+#[derive(Clone)]
+enum Sealed {
+    Near { base: u64, offsets: Arc<[u32]> },
+    Far(Arc<[u64]>),
+}
+
+impl Sealed {
+    fn of(ends: Vec<u64>) -> Sealed {
+        let base = ends.first().copied().unwrap_or(0);
+        let near: Option<Vec<u32>> = ends
+            .iter()
+            .map(|e| e.checked_sub(base).and_then(|d| u32::try_from(d).ok()))
+            .collect();
+        match near {
+            Some(offsets) => Sealed::Near {
+                base,
+                offsets: Arc::from(offsets),
+            },
+            None => Sealed::Far(Arc::from(ends)),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<u64> {
+        match self {
+            Sealed::Near { base, offsets } => offsets.get(i).map(|o| base + u64::from(*o)),
+            Sealed::Far(ends) => ends.get(i).copied(),
+        }
+    }
+
+    fn iter_from(&self, from: usize) -> impl Iterator<Item = u64> + '_ {
+        let (near, far) = match self {
+            Sealed::Near { base, offsets } => (
+                Some(
+                    offsets
+                        .get(from..)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(move |o| base + u64::from(*o)),
+                ),
+                None,
+            ),
+            Sealed::Far(ends) => (
+                None,
+                Some(ends.get(from..).unwrap_or_default().iter().copied()),
+            ),
+        };
+        near.into_iter().flatten().chain(far.into_iter().flatten())
+    }
+
+    #[cfg(test)]
+    fn shares(&self, other: &Sealed) -> bool {
+        match (self, other) {
+            (Sealed::Near { offsets: a, .. }, Sealed::Near { offsets: b, .. }) => Arc::ptr_eq(a, b),
+            (Sealed::Far(a), Sealed::Far(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
 
 /// Increasing `u64`s, appended at the back and dropped from the front.
 #[derive(Clone, Default)]
 pub struct Ends {
     /// Full chunks, each exactly [`CHUNK`] long, shared with clones.
-    full: VecDeque<Arc<[u64]>>,
+    full: VecDeque<Sealed>,
     /// Ends of `full[0]` already dropped (`< CHUNK`; 0 when `full` is empty).
     skip: usize,
     /// The chunk being filled (`< CHUNK` long).
@@ -45,7 +107,7 @@ impl Ends {
         let j = i.checked_add(self.skip)?;
         let in_full = self.full.len() * CHUNK;
         if j < in_full {
-            self.full.get(j / CHUNK)?.get(j % CHUNK).copied()
+            self.full.get(j / CHUNK)?.get(j % CHUNK)
         } else {
             self.open.get(j - in_full).copied()
         }
@@ -60,7 +122,7 @@ impl Ends {
         if self.open.len() == CHUNK {
             // A stream that filled one chunk will likely fill the next: give it the room.
             let full = std::mem::replace(&mut self.open, Vec::with_capacity(CHUNK));
-            self.full.push_back(Arc::from(full));
+            self.full.push_back(Sealed::of(full));
         }
     }
 
@@ -102,7 +164,7 @@ impl Ends {
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         let first = self.full.iter().enumerate().flat_map(move |(k, c)| {
             let from = if k == 0 { self.skip } else { 0 };
-            c.get(from..).unwrap_or_default().iter().copied()
+            c.iter_from(from)
         });
         first.chain(self.open.iter().copied())
     }
@@ -278,12 +340,14 @@ mod tests {
     proptest! {
         /// Every operation answers as the same operation on a `Vec<u64>` does.
         #[test]
-        fn behaves_as_a_vec(ops in prop::collection::vec((0u8..3, 0usize..3 * CHUNK), 1..40)) {
+        fn behaves_as_a_vec(ops in prop::collection::vec((0u8..4, 0usize..3 * CHUNK), 1..40)) {
             let (mut e, mut v) = (Ends::default(), Vec::<u64>::new());
             let mut next = 1u64;
             for (op, n) in ops {
                 match op {
                     0 => for _ in 0..n { e.push(next); v.push(next); next += 3; },
+                    // Ends far apart: chunks that span more than a 4-byte offset can reach.
+                    3 => for _ in 0..n.min(16) { e.push(next); v.push(next); next += 1 << 31; },
                     1 => { let k = n.min(v.len()); e.drop_front(n); v.drain(..k); }
                     _ => {
                         let c = e.clone();
@@ -358,6 +422,25 @@ mod tests {
     }
 
     #[test]
+    fn full_chunks_keep_four_byte_offsets_unless_they_span_4_gib() {
+        let near = Ends::from(
+            (0..CHUNK as u64)
+                .map(|i| (1 << 40) + i * 1000)
+                .collect::<Vec<_>>(),
+        );
+        assert!(matches!(near.full[0], Sealed::Near { .. }));
+        let mut far: Vec<u64> = (1..CHUNK as u64).collect();
+        far.push(1 << 33);
+        let far = Ends::from(far);
+        assert!(matches!(far.full[0], Sealed::Far(_)));
+        assert_eq!(far.get(CHUNK - 1), Some(1 << 33));
+        assert_eq!(
+            near.get(CHUNK - 1),
+            Some((1 << 40) + (CHUNK as u64 - 1) * 1000)
+        );
+    }
+
+    #[test]
     fn appends_of_a_few_hundred_bytes_pack_into_two_bytes_each() {
         let e = Ends::from((1..=10_000u64).map(|i| i * 230).collect::<Vec<_>>());
         let bytes = bincode::serialize(&e).unwrap();
@@ -368,7 +451,7 @@ mod tests {
     fn a_clone_shares_the_full_chunks() {
         let e = Ends::from((0..(3 * CHUNK as u64)).collect::<Vec<_>>());
         let c = e.clone();
-        assert!(e.full.iter().zip(&c.full).all(|(a, b)| Arc::ptr_eq(a, b)));
+        assert!(e.full.iter().zip(&c.full).all(|(a, b)| a.shares(b)));
         assert_eq!(e.full.len(), 3);
         assert!(e.open.is_empty());
     }
