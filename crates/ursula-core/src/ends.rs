@@ -14,7 +14,7 @@
 //! (schemas 1 to 3, read through the frozen types of `encoding::v3`) took eight. A group
 //! snapshot carries every stream's ends, so they were most of a busy stream's snapshot.
 
-use serde::de::{Error as _, SeqAccess, Visitor};
+use serde::de::{Error as _, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -54,23 +54,7 @@ impl Sealed {
     }
 
     fn iter_from(&self, from: usize) -> impl Iterator<Item = u64> + '_ {
-        let (near, far) = match self {
-            Sealed::Near { base, offsets } => (
-                Some(
-                    offsets
-                        .get(from..)
-                        .unwrap_or_default()
-                        .iter()
-                        .map(move |o| base + u64::from(*o)),
-                ),
-                None,
-            ),
-            Sealed::Far(ends) => (
-                None,
-                Some(ends.get(from..).unwrap_or_default().iter().copied()),
-            ),
-        };
-        near.into_iter().flatten().chain(far.into_iter().flatten())
+        (from..CHUNK).filter_map(move |i| self.get(i))
     }
 
     #[cfg(test)]
@@ -287,13 +271,6 @@ impl<'de> Deserialize<'de> for Packed {
                 Ok(Packed(v.to_vec()))
             }
             fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Packed, E> {
-                Ok(Packed(v))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Packed, A::Error> {
-                let mut v = Vec::new();
-                while let Some(b) = seq.next_element::<u8>()? {
-                    v.push(b);
-                }
                 Ok(Packed(v))
             }
         }

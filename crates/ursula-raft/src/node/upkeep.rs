@@ -38,7 +38,7 @@ fn segment_starts(dir: &Path) -> Vec<Lsn> {
 /// log since the last snapshot holds at least half of that snapshot's bytes.
 ///
 /// A snapshot is the whole group state, and a state can grow with a stream's history (its
-/// message ends, 8 bytes per message; every byte, with no cold tier to flush to), so at a
+/// message ends, about 2 bytes per message; every byte, with no cold tier to flush to), so at a
 /// fixed count of entries it would be rewritten ever more often per byte logged: at 1 stream
 /// × 16 connections, a snapshot of many megabytes every few seconds. With this rule a byte of
 /// log costs at most two bytes of snapshot, and a small state still snapshots by count.

@@ -166,7 +166,8 @@ impl ObjectColdStore {
 
     /// Writes a `local` store's creates through `io` instead of the real filesystem (tests
     /// inject faults with [`crate::fs::FaultyFs`]); other stores are unchanged.
-    pub fn with_filesystem(mut self, io: Arc<dyn FileSystem>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_filesystem(mut self, io: Arc<dyn FileSystem>) -> Self {
         if let Some(p) = &mut self.paced {
             p.io = io;
         }

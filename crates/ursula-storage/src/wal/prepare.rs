@@ -161,11 +161,21 @@ impl Next {
     }
 }
 
-/// Zero-fills the next segment, of `len` bytes, at `path` flat out on the calling thread: what
-/// a WAL with no spare does before it serves (`Writer::prepare_before_serving`). Returns the
-/// path once the file is durable.
-pub(super) fn now(shared: &Shared, path: PathBuf, len: u64) -> io::Result<PathBuf> {
-    prepare_segment(shared.fs.as_ref(), &path, len, ZeroFill::Bulk)?;
+/// Makes the next segment, of `len` bytes, at `path` on the calling thread: what a WAL with
+/// no spare does before it serves (`Writer::prepare_before_serving`). A whole file left there
+/// by the last run (a fill finishes before the WAL closes) is taken as it is, after a sync;
+/// anything else is zero-filled flat out. Returns the path once the file is durable.
+pub(super) fn now(fs: &dyn FileSystem, path: PathBuf, len: u64) -> io::Result<PathBuf> {
+    if fs.exists(&path)? {
+        let file = fs.open(&path, OpenMode::Write)?;
+        if file.len()? == len {
+            // Only its zeros matter, and a crash mid-fill leaves zeros or holes, which read
+            // as zeros: recovery reads either as the end of the records.
+            file.sync_all()?;
+            return Ok(path);
+        }
+    }
+    prepare_segment(fs, &path, len, ZeroFill::Bulk)?;
     Ok(path)
 }
 
@@ -302,6 +312,40 @@ mod tests {
         };
         let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
         assert!(!tmp.path().join(PREPARED_SEGMENT_NAME).exists());
+        wal.close();
+    }
+
+    #[test]
+    fn a_restart_takes_the_next_segment_its_last_run_made() {
+        let (tmp, wal) = open_wal(8 * MIB);
+        wal.close();
+        let faulty = crate::fs::FaultyFs::new();
+        let opts = WalOptions {
+            segment_bytes: 8 * MIB,
+            fs: Arc::new(faulty.clone()),
+            ..Default::default()
+        };
+        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        // Nothing was zero-filled again: neither the active segment nor the next one.
+        assert_eq!(faulty.count(crate::fs::FaultOp::Allocate), 0);
+        let prepared = tmp.path().join(PREPARED_SEGMENT_NAME);
+        assert_eq!(std::fs::metadata(&prepared).unwrap().len(), 8 * MIB);
+        wal.close();
+        // One cut short (a fill the last run did not finish) is filled again.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&prepared)
+            .unwrap();
+        file.set_len(MIB).unwrap();
+        let faulty = crate::fs::FaultyFs::new();
+        let opts = WalOptions {
+            segment_bytes: 8 * MIB,
+            fs: Arc::new(faulty.clone()),
+            ..Default::default()
+        };
+        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        assert_eq!(faulty.count(crate::fs::FaultOp::Allocate), 1);
+        assert_eq!(std::fs::metadata(&prepared).unwrap().len(), 8 * MIB);
         wal.close();
     }
 

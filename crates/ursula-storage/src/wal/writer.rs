@@ -410,20 +410,11 @@ impl Writer {
     /// run long enough to release segments has spares and skips this. On failure (or when the
     /// fill would take the space kept in reserve) the next segment is left to `prepare_next`.
     pub(super) fn prepare_before_serving(&mut self) {
-        if !self.shared.fsync
-            || self.next_segment.is_some()
-            || super::spare::any(&self.shared)
-            || !has_room(
-                self.shared.fs.as_ref(),
-                &self.shared.dir,
-                self.segment_bytes,
-                self.reserve_bytes,
-            )
-        {
+        if super::spare::any(&self.shared) || !self.may_prepare() {
             return;
         }
         let path = self.shared.dir.join(PREPARED_SEGMENT_NAME);
-        match super::prepare::now(&self.shared, path, self.segment_bytes) {
+        match super::prepare::now(self.shared.fs.as_ref(), path, self.segment_bytes) {
             Ok(path) => self.next_segment = Some(Next::Ready(path)),
             Err(e) => {
                 tracing::warn!(error = %e, "wal: could not prepare the next segment; it is prepared in the background")
@@ -438,24 +429,32 @@ impl Writer {
     /// that keeps out of the WAL's way (`prepare`). A fill is skipped when it would take the
     /// space kept in reserve: preallocation never takes the last free space.
     fn prepare_next(&mut self) {
-        if !self.shared.fsync || self.next_segment.is_some() {
+        if !self.may_prepare() {
             return;
         }
         let len = self.segment_bytes;
-        if !super::spare::any(&self.shared)
-            && !has_room(
-                self.shared.fs.as_ref(),
-                &self.shared.dir,
-                len,
-                self.reserve_bytes,
-            )
-        {
-            tracing::info!("wal: not preparing the next segment: free space is low");
-            return;
-        }
         let path = self.shared.dir.join(PREPARED_SEGMENT_NAME);
         let room = self.segment_bytes.saturating_sub(self.active.len);
         self.next_segment = super::prepare::spawn(&self.shared, path, len, room).ok();
+    }
+
+    /// Whether to prepare a next segment now: syncing is on, none is under way, and there is
+    /// a spare to make it of or room to fill one beside the space kept in reserve.
+    fn may_prepare(&self) -> bool {
+        if !self.shared.fsync || self.next_segment.is_some() {
+            return false;
+        }
+        let room = super::spare::any(&self.shared)
+            || has_room(
+                self.shared.fs.as_ref(),
+                &self.shared.dir,
+                self.segment_bytes,
+                self.reserve_bytes,
+            );
+        if !room {
+            tracing::info!("wal: not preparing the next segment: free space is low");
+        }
+        room
     }
 
     /// Deletes the spare segments and the prepared next segment (if it is ready) to give
