@@ -319,13 +319,17 @@ mod tests {
     fn a_restart_takes_the_next_segment_its_last_run_made() {
         let (tmp, wal) = open_wal(8 * MIB);
         wal.close();
-        let faulty = crate::fs::FaultyFs::new();
-        let opts = WalOptions {
-            segment_bytes: 8 * MIB,
-            fs: Arc::new(faulty.clone()),
-            ..Default::default()
+        // Counts what a reopen of the same directory writes.
+        let reopen = || {
+            let faulty = crate::fs::FaultyFs::new();
+            let opts = WalOptions {
+                segment_bytes: 8 * MIB,
+                fs: Arc::new(faulty.clone()),
+                ..Default::default()
+            };
+            (Wal::open(tmp.path(), opts).unwrap().0, faulty)
         };
-        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        let (wal, faulty) = reopen();
         // Nothing was zero-filled again: neither the active segment nor the next one.
         assert_eq!(faulty.count(crate::fs::FaultOp::Allocate), 0);
         let prepared = tmp.path().join(PREPARED_SEGMENT_NAME);
@@ -337,13 +341,7 @@ mod tests {
             .open(&prepared)
             .unwrap();
         file.set_len(MIB).unwrap();
-        let faulty = crate::fs::FaultyFs::new();
-        let opts = WalOptions {
-            segment_bytes: 8 * MIB,
-            fs: Arc::new(faulty.clone()),
-            ..Default::default()
-        };
-        let (wal, _) = Wal::open(tmp.path(), opts).unwrap();
+        let (wal, faulty) = reopen();
         assert_eq!(faulty.count(crate::fs::FaultOp::Allocate), 1);
         assert_eq!(std::fs::metadata(&prepared).unwrap().len(), 8 * MIB);
         wal.close();
