@@ -4,13 +4,19 @@
 //! the WAL's next `fdatasync` (which every acknowledgement waits for) queues behind their
 //! write-back. Measured on the benchmark VM at 1,000 streams × 256 connections with one
 //! group, snapshots of 20–25 MB and 8 MiB cold objects written flat out each held every
-//! connection for 10–40 ms. Written in pieces of [`Pace::BACKGROUND`]'s 64 KiB, each synced,
-//! with a pause after each, a WAL sync waits for at most one piece, and the disk is the WAL's
-//! between pieces (the same pacing as the WAL's own segment fill, `wal/prepare.rs`). Pieces of
-//! 256 KiB at 64 MiB/s held the WAL sync each of them met: at 1 stream × 16 connections, with
-//! a flush of the local cold tier every second, 3,500–4,100 appends in 5 s took over 0.7 ms;
-//! 64 KiB pieces at 16 MiB/s, 2,700–3,300, and p99 fell from 0.79–0.88 to 0.75–0.81 ms, with
-//! no change at 100 × 32, 1,000 × 256 or 10,000 × 256 (docs/benchmarks.md, session 28).
+//! connection for 10–40 ms. Written in pieces of [`Pace::BACKGROUND`]'s 64 KiB, each written
+//! back before the next, with a pause after each, a WAL sync waits for at most one piece, and
+//! the disk is the WAL's between pieces (the same pacing as the WAL's own segment fill,
+//! `wal/prepare.rs`). Pieces of 256 KiB at 64 MiB/s held the WAL sync each of them met: at 1
+//! stream × 16 connections, with a flush of the local cold tier every second, 3,500–4,100
+//! appends in 5 s took over 0.7 ms; 64 KiB pieces at 16 MiB/s, 2,700–3,300, and p99 fell from
+//! 0.79–0.88 to 0.75–0.81 ms, with no change at 100 × 32, 1,000 × 256 or 10,000 × 256
+//! (docs/benchmarks.md, session 28).
+//!
+//! A piece is written back with `sync_file_range` ([`crate::fs::FsFile::write_back`]), not
+//! synced: the pages reach the device, but without a device cache flush per piece (about 5 %
+//! of the device's flushes at 1 × 16). The one sync at the end makes the whole file durable.
+//! The append p99 did not move measurably (docs/benchmarks.md, session 32).
 //!
 //! The pace is a rate with a bound on the time: a large write goes faster than the rate so
 //! that it never takes longer than [`Pace::longest`] (a snapshot holds the log it replaces,
@@ -23,7 +29,7 @@ use std::time::{Duration, Instant};
 /// How a background write spreads its bytes over time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pace {
-    /// Bytes written between syncs.
+    /// Bytes written between write-backs.
     pub piece: usize,
     /// Bytes per second; 0 writes without pauses.
     pub rate: u64,
@@ -40,7 +46,7 @@ impl Pace {
         longest: Duration::from_secs(2),
     };
 
-    /// No pauses, a sync every 2 MiB: for a write something waits on (a follower installing a
+    /// No pauses, a write-back every 2 MiB: for a write something waits on (a follower installing a
     /// snapshot, a flush that must make room, a create a request asked for).
     pub const FLAT: Pace = Pace {
         piece: 2 << 20,
@@ -63,32 +69,32 @@ impl Pace {
     }
 
     /// Writes `pieces` one after another from offset 0 through `write_at` (bytes, offset),
-    /// calling `sync` after every [`Pace::piece`] bytes but the last ones and pausing after
-    /// each sync. The caller makes the end durable (a final `fsync` before publishing the
-    /// file).
+    /// calling `write_back` (offset, length) on every [`Pace::piece`] bytes but the last ones
+    /// and pausing after each. Nothing here makes the bytes durable: the caller syncs the file
+    /// before publishing it.
     pub fn write<'a>(
         &self,
         pieces: impl IntoIterator<Item = &'a [u8]> + Clone,
         mut write_at: impl FnMut(&[u8], u64) -> io::Result<()>,
-        mut sync: impl FnMut() -> io::Result<()>,
+        mut write_back: impl FnMut(u64, u64) -> io::Result<()>,
     ) -> io::Result<()> {
         let piece = self.piece.max(1);
         let total: u64 = pieces.clone().into_iter().map(|p| p.len() as u64).sum();
         let mut written = 0u64;
-        let mut since_sync = 0usize;
+        let mut since_back = 0usize;
         let mut started = Instant::now();
         for p in pieces {
             let mut rest = p;
             while !rest.is_empty() {
-                let n = rest.len().min(piece - since_sync);
+                let n = rest.len().min(piece - since_back);
                 write_at(&rest[..n], written)?;
                 rest = &rest[n..];
-                since_sync += n;
+                since_back += n;
                 written += n as u64;
-                if since_sync == piece && written < total {
-                    sync()?;
+                if since_back == piece && written < total {
+                    write_back(written - since_back as u64, since_back as u64)?;
                     thread::sleep(self.pause(piece, total, started.elapsed()));
-                    since_sync = 0;
+                    since_back = 0;
                     started = Instant::now();
                 }
             }
@@ -126,7 +132,7 @@ mod tests {
     }
 
     #[test]
-    fn every_byte_is_written_in_order_with_a_sync_between_pieces() {
+    fn every_byte_is_written_in_order_with_a_write_back_of_each_piece_but_the_last() {
         let pace = Pace {
             piece: 4,
             rate: 0,
@@ -135,7 +141,8 @@ mod tests {
         let mut out = Vec::new();
         let mut marks = Vec::new();
         let pieces: [&[u8]; 3] = [b"abcdef", b"gh", b"ijklm"];
-        // The sync sees how much was written; nothing follows the last piece's bytes.
+        // Each write-back covers the piece just written; none follows the last piece (the
+        // caller's sync makes the whole file durable).
         let out_len = std::cell::Cell::new(0);
         pace.write(
             pieces,
@@ -145,18 +152,19 @@ mod tests {
                 out_len.set(out.len());
                 Ok(())
             },
-            || {
-                marks.push(out_len.get());
+            |at, len| {
+                assert_eq!(at + len, out_len.get() as u64);
+                marks.push((at, len));
                 Ok(())
             },
         )
         .unwrap();
         assert_eq!(out, b"abcdefghijklm");
-        assert_eq!(marks, vec![4, 8, 12]);
+        assert_eq!(marks, vec![(0, 4), (4, 4), (8, 4)]);
     }
 
     #[test]
-    fn a_failed_sync_stops_the_write() {
+    fn a_failed_write_back_stops_the_write() {
         let mut writes = 0;
         let err = Pace::FLAT
             .write(
@@ -165,10 +173,10 @@ mod tests {
                     writes += 1;
                     Ok(())
                 },
-                || Err(io::Error::other("sync failed")),
+                |_, _| Err(io::Error::other("write-back failed")),
             )
             .unwrap_err();
-        assert_eq!(err.to_string(), "sync failed");
+        assert_eq!(err.to_string(), "write-back failed");
         assert_eq!(writes, 1);
     }
 }

@@ -49,12 +49,12 @@ pub fn write_atomic(
     let tmp = tmp_path(path);
     let result = (|| -> io::Result<()> {
         let file = fs.open(&tmp, OpenMode::CreateTruncate)?;
-        // Synced as it goes (`Pace`): a blob written in one piece would leave megabytes of
-        // dirty pages for the WAL's next fdatasync to wait behind.
+        // Written back as it goes (`Pace`): a blob written in one piece would leave megabytes
+        // of dirty pages for the WAL's next fdatasync to wait behind.
         pace.write(
             [&header[..], payload],
             |piece, at| file.write_all_at(piece, at),
-            || file.sync_data(),
+            |at, len| file.write_back(at, len),
         )?;
         file.sync_all()?;
         drop(file);

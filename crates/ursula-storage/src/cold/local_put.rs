@@ -4,7 +4,7 @@
 //! megabytes of dirty pages that the WAL's next `fdatasync` (which every acknowledgement waits
 //! for) queues behind. At 1,000 streams × 256 connections each 8 MiB flush held every
 //! connection for 30–40 ms once a second. This is the same create, with the object written
-//! through [`Pace`] (pieces, each synced, with pauses), and kept to `object_store`'s layout so
+//! through [`Pace`] (pieces, each written back before the next, with pauses), and kept to `object_store`'s layout so
 //! that its reads, listings and deletes, and the staging sweep, see nothing different:
 //!
 //! 1. the bytes go to a staging file `{path}#{n}` (a name no object key can take), created
@@ -100,7 +100,7 @@ fn write_and_link(
     pace.write(
         body.pieces().iter().map(|p| &p[..]),
         |piece, at| file.write_all_at(piece, at),
-        || file.sync_data(),
+        |at, len| file.write_back(at, len),
     )?;
     file.sync_all()?;
     fs.hard_link(staging, dest)?;
@@ -151,7 +151,7 @@ mod tests {
     const BYTES: &[u8] = b"sixteen bytes!!!";
 
     /// A `local` store over `dir` whose creates go through `faulty`, in pieces of 4 bytes
-    /// (each synced but the last) and without pauses.
+    /// (each written back but the last) and without pauses.
     fn store(dir: &std::path::Path, faulty: &FaultyFs) -> ObjectColdStore {
         let pace = Pace {
             piece: 4,
@@ -236,7 +236,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn every_piece_is_synced_before_the_object_is_linked() {
+    async fn every_piece_is_written_back_and_the_file_synced_before_the_object_is_linked() {
         let dir = tempfile::tempdir().unwrap();
         let faulty = FaultyFs::new();
         let store = store(dir.path(), &faulty);
@@ -245,8 +245,9 @@ mod tests {
             .put_if_absent_paced(&key, Body::from(Bytes::from_static(BYTES)))
             .await
             .unwrap();
-        // Four pieces: three syncs between them, the file's final sync, the directories from
-        // the object's up to the store's (two), and the parent after the link.
+        // Four pieces: three write-backs between them (FaultyFs counts them as syncs), the
+        // file's final sync, the directories from the object's up to the store's (two), and
+        // the parent after the link.
         assert_eq!(faulty.count(FaultOp::Write), 4);
         assert_eq!(faulty.count(FaultOp::Sync), 3 + 1 + 2 + 1);
         assert_eq!(faulty.count(FaultOp::Rename), 1);

@@ -11,7 +11,7 @@ use super::{FileSystem, FsFile, OpenMode, RealFs, ZeroFill};
 pub enum FaultOp {
     /// A positional write ([`FsFile::write_all_at`]).
     Write,
-    /// `fdatasync`, `fsync` of a file, or a directory sync.
+    /// `fdatasync`, `fsync` of a file, a directory sync, or a write-back of a range.
     Sync,
     /// A rename, or a hard link (both change a directory's entries).
     Rename,
@@ -145,6 +145,10 @@ impl FsFile for FaultyFile {
     fn sync_all(&self) -> io::Result<()> {
         self.fs.check(FaultOp::Sync, &self.path)?;
         self.inner.sync_all()
+    }
+    fn write_back(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.fs.check(FaultOp::Sync, &self.path)?;
+        self.inner.write_back(offset, len)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.inner.set_len(len)
