@@ -131,9 +131,11 @@ impl ByteLog {
         }
     }
 
-    /// Hands the bytes of `[lo, hi)` (clamped) to `f` as shared [`Bytes`], one per chunk
-    /// touched, without copying them: the chunks stay alive as long as the `Bytes` do (an
-    /// append to a shared last chunk copies that chunk first, as for a snapshot's clone).
+    /// Hands the bytes of `[lo, hi)` (clamped) to `f` as [`Bytes`], one per chunk touched. A
+    /// full chunk is shared, not copied: it stays alive as long as the `Bytes` do, and no
+    /// append changes it. Bytes of the last chunk, still being filled, are copied (less than
+    /// [`CHUNK_BYTES`]): shared, it would make the stream's next append copy the whole chunk
+    /// under the group's lock, for as long as the `Bytes` live (a paced upload, say).
     pub fn share_into(&self, lo: usize, hi: usize, mut f: impl FnMut(Bytes)) {
         let hi = hi.min(self.len);
         let mut pos = lo.min(hi) + self.skip;
@@ -147,7 +149,11 @@ impl ByteLog {
             if n == 0 {
                 return;
             }
-            f(Bytes::from_owner(SharedChunk(Arc::clone(chunk))).slice(at..at + n));
+            if chunk.len() < CHUNK_BYTES {
+                f(Bytes::copy_from_slice(&chunk[at..at + n]));
+            } else {
+                f(Bytes::from_owner(SharedChunk(Arc::clone(chunk))).slice(at..at + n));
+            }
             pos += n;
         }
     }
@@ -341,6 +347,31 @@ mod tests {
         small.push(b"!");
         assert_eq!(small.to_vec(), b"world!");
         assert_eq!(snap.to_vec(), b"hello world");
+    }
+
+    #[test]
+    fn shared_bytes_reference_full_chunks_and_copy_the_one_being_filled() {
+        let data: Vec<u8> = (0..2 * CHUNK_BYTES + 100)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let mut log = ByteLog::new();
+        log.push(&data);
+        let mut out = Vec::new();
+        log.share_into(10, data.len(), |b| out.push(b));
+        assert_eq!(out.concat(), &data[10..]);
+        assert_eq!(out.len(), 3);
+        let last = Arc::clone(&log.chunks[2]);
+        assert!(
+            std::ptr::eq(out[1].as_ptr(), log.chunks[1].as_ptr()),
+            "shared"
+        );
+        assert!(!std::ptr::eq(out[2].as_ptr(), last.as_ptr()), "copied");
+        drop(last);
+        // The chunk being filled is not shared, so an append extends it in place.
+        let before = log.chunks[2].as_ptr();
+        log.push(b"more");
+        assert_eq!(log.chunks[2].as_ptr(), before);
+        assert_eq!(out.concat(), &data[10..]);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use ursula_core::cold::ObjectId;
 use ursula_core::command::{AppendReq, CreateReq, Op, Reply};
 use ursula_core::external::{ExternalAppend, ExternalCreate, ExternalPayload};
 use ursula_storage::chunk_object::ChunkWriter;
-use ursula_storage::cold::{Body, ColdError, ObjectKey};
+use ursula_storage::cold::{ColdError, ObjectKey};
 
 /// Counters of external payloads (exported with the cold tier's metrics).
 #[derive(Debug, Default)]
@@ -147,10 +147,10 @@ async fn stage(
     let probe = external_key(namespace, group, ObjectId(ObjectId::EXTERNAL_BIT))
         .map_err(|e| store_failed(&e))?;
     let mut w = ChunkWriter::new(t.chunk_version(&probe), len);
-    w.write(payload);
-    let object = Bytes::from(w.finish().ok_or_else(|| {
+    w.push(payload.clone());
+    let object = w.finish_body().ok_or_else(|| {
         ApiError::new(ErrorCode::INTERNAL_ERROR, "external object length mismatch")
-    })?);
+    })?;
     let ends = if json {
         let mut ends = Vec::with_capacity(16);
         ends.extend(
@@ -167,7 +167,7 @@ async fn stage(
     for _ in 0..4 {
         let id = ObjectId(random_u64() | ObjectId::EXTERNAL_BIT);
         let key = external_key(namespace, group, id).map_err(|e| store_failed(&e))?;
-        match t.timed_put(&key, Body::from(object.clone())).await {
+        match t.timed_put(&key, object.clone()).await {
             Ok(()) => {
                 crate::metrics::inc(&t.external.writes, 1);
                 crate::metrics::inc(&t.external.bytes, len);
@@ -175,7 +175,7 @@ async fn stage(
                     namespace,
                     object: id,
                     len,
-                    object_size: object.len() as u64,
+                    object_size: object.len(),
                     ends,
                 });
             }

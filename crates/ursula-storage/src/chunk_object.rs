@@ -21,6 +21,7 @@
 //! A reader learns the version from the object's header (a `local` file) or knows it from
 //! where the object lives (see [`ChunkVersion::for_local_files`]).
 
+use crate::cold::Body;
 use crate::cold::object::{HEADER_LEN, ObjectWriter, magic};
 use bytes::Bytes;
 use std::fmt;
@@ -288,16 +289,33 @@ impl ChunkLayout {
     }
 }
 
-/// Builds a chunk object from payload pieces, written in order, without joining them first.
+/// Input pieces shorter than this are copied into a shared buffer instead of kept as their
+/// own piece, so that an object of many tiny runs (or an interleaved object's 4-byte
+/// checksums) is not written with one system call per run.
+const COPY_BELOW: usize = 4 * 1024;
+
+/// [`BLOCK_SIZE`] as a length in memory.
+const BLOCK: usize = BLOCK_SIZE as usize;
+
+/// Builds a chunk object from payload pieces, written in order, without joining them: a
+/// [`Bytes`] piece of at least 4 KiB becomes a piece of the object's [`Body`] as it is (a
+/// flush sends the hot ring's chunks, not a copy of them), and the checksums take one pass
+/// over the payload (the frame's is combined from the blocks', `crc32c_combine`).
 pub struct ChunkWriter {
-    out: Vec<u8>,
     frame: ObjectWriter,
     layout: ChunkLayout,
-    /// Payload bytes in the block being filled, and where that block starts in `out`.
+    /// The object's pieces so far: for the contiguous layout, the payload only (the header
+    /// and checksum table go in front when the writer finishes).
+    body: Body,
+    /// Small pieces waiting to become one piece of `body`.
+    small: Vec<u8>,
+    /// The contiguous layout's checksum table, filled as blocks are sealed.
+    table: Vec<u8>,
+    /// Checksum and payload bytes of the block being filled.
+    block_crc: u32,
     in_block: usize,
-    block_at: usize,
-    /// Blocks sealed so far.
-    sealed: u64,
+    /// Checksum of the payload sealed so far (contiguous layout).
+    payload_crc: u32,
     written: u64,
 }
 
@@ -306,22 +324,25 @@ impl ChunkWriter {
     pub fn new(version: ChunkVersion, payload_len: u64) -> ChunkWriter {
         let layout = ChunkLayout::new(version, payload_len);
         let frame = ObjectWriter::new(magic::CHUNK, version.number(), layout.body_len());
-        let cap = layout.body_end() + 8;
-        let mut out = Vec::with_capacity(usize::try_from(cap).unwrap_or(0));
-        out.extend_from_slice(frame.header());
-        if layout.contiguous() {
-            // The checksum table, filled in as blocks are sealed.
-            out.resize(layout.offset_of(0) as usize, 0);
-        }
-        ChunkWriter {
-            block_at: out.len(),
-            out,
+        let mut w = ChunkWriter {
             frame,
             layout,
+            body: Body::new(),
+            small: Vec::new(),
+            table: Vec::new(),
+            block_crc: 0,
             in_block: 0,
-            sealed: 0,
+            payload_crc: 0,
             written: 0,
+        };
+        if layout.contiguous() {
+            w.table
+                .reserve(usize::try_from(layout.blocks() * CRC_LEN).unwrap_or(0));
+        } else {
+            let header = *w.frame.header();
+            w.put_small(&header);
         }
+        w
     }
 
     /// Payload bytes written so far (the payload position of the next byte).
@@ -329,53 +350,97 @@ impl ChunkWriter {
         self.written
     }
 
-    /// Appends payload bytes.
-    pub fn write(&mut self, mut bytes: &[u8]) {
-        let block = BLOCK_SIZE as usize;
+    /// Appends payload bytes (copied).
+    pub fn write(&mut self, bytes: &[u8]) {
+        self.push(Bytes::copy_from_slice(bytes));
+    }
+
+    /// Appends payload bytes, kept as they are unless small.
+    pub fn push(&mut self, mut bytes: Bytes) {
         while !bytes.is_empty() {
-            let n = (block - self.in_block).min(bytes.len());
-            self.out.extend_from_slice(&bytes[..n]);
-            self.in_block += n;
-            self.written += n as u64;
-            bytes = &bytes[n..];
-            if self.in_block == block {
+            let part = bytes.split_to((BLOCK - self.in_block).min(bytes.len()));
+            self.block_crc = crc32c::crc32c_append(self.block_crc, &part);
+            self.in_block += part.len();
+            self.written += part.len() as u64;
+            self.put(part);
+            if self.in_block == BLOCK {
                 self.seal_block();
             }
         }
     }
 
-    fn seal_block(&mut self) {
-        let crc = crc32c::crc32c(&self.out[self.block_at..]).to_le_bytes();
-        if self.layout.contiguous() {
-            let at = HEADER_LEN + self.sealed as usize * CRC_LEN as usize;
-            if let Some(slot) = self.out.get_mut(at..at + CRC_LEN as usize) {
-                slot.copy_from_slice(&crc);
-            }
+    fn put(&mut self, piece: Bytes) {
+        if piece.len() < COPY_BELOW {
+            self.put_small(&piece);
         } else {
-            self.out.extend_from_slice(&crc);
-            self.frame.update(&self.out[self.block_at..]);
+            self.cut_small();
+            self.body.push(piece);
         }
-        self.sealed += 1;
-        self.block_at = self.out.len();
-        self.in_block = 0;
+    }
+
+    fn put_small(&mut self, bytes: &[u8]) {
+        self.small.extend_from_slice(bytes);
+        if self.small.len() >= BLOCK {
+            self.cut_small();
+        }
+    }
+
+    fn cut_small(&mut self) {
+        if !self.small.is_empty() {
+            self.body.push(Bytes::from(std::mem::take(&mut self.small)));
+        }
+    }
+
+    fn seal_block(&mut self) {
+        let crc = std::mem::take(&mut self.block_crc);
+        let len = std::mem::take(&mut self.in_block);
+        let bytes = crc.to_le_bytes();
+        if self.layout.contiguous() {
+            self.table.extend_from_slice(&bytes);
+            // The empty payload's checksum is 0, which combines as the empty prefix.
+            self.payload_crc = crc32c::crc32c_combine(self.payload_crc, crc, len);
+        } else {
+            self.frame.combine(crc, len as u64);
+            self.frame.update(&bytes);
+            self.put_small(&bytes);
+        }
     }
 
     /// The finished object, or `None` when the payload written differs from the length the
     /// writer was made for (the header would lie).
-    pub fn finish(mut self) -> Option<Vec<u8>> {
+    pub fn finish(self) -> Option<Vec<u8>> {
+        self.finish_body().map(|b| b.to_bytes().to_vec())
+    }
+
+    /// [`ChunkWriter::finish`], as the pieces of the object (nothing is joined).
+    pub fn finish_body(mut self) -> Option<Body> {
         if self.in_block > 0 {
             self.seal_block();
         }
         if self.written != self.layout.payload_len {
             return None;
         }
-        if self.layout.contiguous() {
-            // The table was written last, so the frame's checksum is taken now, in one pass.
-            self.frame.update(&self.out[HEADER_LEN..]);
+        let contiguous = self.layout.contiguous();
+        if contiguous {
+            // The table was complete only now; it lies before the payload.
+            self.frame.update(&self.table);
+            self.frame.combine(self.payload_crc, self.written);
         }
+        let header = *self.frame.header();
         let footer = self.frame.finish();
-        self.out.extend_from_slice(&footer);
-        Some(self.out)
+        self.put_small(&footer);
+        self.cut_small();
+        if !contiguous {
+            return Some(self.body);
+        }
+        let mut head = Vec::with_capacity(HEADER_LEN + self.table.len());
+        head.extend_from_slice(&header);
+        head.extend_from_slice(&self.table);
+        let mut body = Body::from(Bytes::from(head));
+        for p in self.body.into_pieces() {
+            body.push(p);
+        }
+        Some(body)
     }
 }
 
@@ -499,6 +564,65 @@ mod tests {
             layout.extract((&blocks, None), 0, 10, &mut Vec::new()),
             Err(ChunkError::Short { .. })
         ));
+    }
+
+    /// The object for `payload` in layout `v`, built from the layout's description above,
+    /// not by [`ChunkWriter`].
+    fn reference(v: ChunkVersion, payload: &[u8]) -> Vec<u8> {
+        let blocks = payload.chunks(BLOCK_SIZE as usize);
+        let crc = |b: &[u8]| crc32c::crc32c(b).to_le_bytes();
+        let mut body = Vec::new();
+        match v {
+            ChunkVersion::Interleaved => {
+                for b in blocks {
+                    body.extend_from_slice(b);
+                    body.extend_from_slice(&crc(b));
+                }
+            }
+            ChunkVersion::Contiguous => {
+                for b in blocks {
+                    body.extend_from_slice(&crc(b));
+                }
+                body.extend_from_slice(payload);
+            }
+        }
+        object::encode(magic::CHUNK, v.number(), &body)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Pieces of any sizes, kept or copied, make the bytes the format describes; large
+        /// pieces are sent as they are, and no piece is tiny unless the object is.
+        #[test]
+        fn pieces_of_any_size_make_the_described_object(
+            sizes in prop::collection::vec(0usize..150_000, 0..12),
+            copied in any::<u16>(),
+            v in prop::sample::select(BOTH.to_vec()),
+        ) {
+            let n: usize = sizes.iter().sum();
+            let payload = payload(n, 5);
+            let mut w = ChunkWriter::new(v, n as u64);
+            let mut at = 0;
+            for (i, len) in sizes.iter().enumerate() {
+                let piece = Bytes::copy_from_slice(&payload[at..at + len]);
+                if copied >> (i % 16) & 1 == 1 {
+                    w.write(&piece);
+                } else {
+                    w.push(piece);
+                }
+                at += len;
+            }
+            let body = w.finish_body().unwrap();
+            prop_assert_eq!(body.to_bytes().to_vec(), reference(v, &payload));
+            let pieces = body.pieces();
+            let (first, last) = (pieces.first().unwrap(), pieces.last().unwrap());
+            // Small bytes were gathered: after the first piece (the header, and the table in
+            // front of the payload), no two small pieces follow each other.
+            let small = |p: &Bytes| p.len() < COPY_BELOW;
+            prop_assert!(pieces[1..].windows(2).all(|w| !(small(&w[0]) && small(&w[1]))));
+            prop_assert!(first.len() >= HEADER_LEN && last.len() >= 8);
+        }
     }
 
     #[test]

@@ -5,13 +5,12 @@
 use super::{Tiering, chunk_key, fresh_namespace};
 use crate::app::App;
 use crate::metrics::inc;
-use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use ursula_core::cold::{FlushPick, FlushReq, FlushRule, FlushSlice, ObjectId, Piece};
 use ursula_core::command::Op;
 use ursula_storage::chunk_object;
-use ursula_storage::cold::{Body, ColdError};
+use ursula_storage::cold::ColdError;
 impl Tiering {
     /// One flush of `group`, when it holds enough hot bytes: plan under the read lock, pack
     /// and upload outside it, then publish with a replicated command. Returns the bytes
@@ -65,12 +64,12 @@ impl Tiering {
             return 0;
         };
         let mut body = chunk_object::ChunkWriter::new(self.chunk_version(&first_key), total);
-        for p in &bytes {
+        // The hot bytes go into the object as they are (shared, not copied).
+        for p in bytes {
             if let Piece::Hot(b) = p {
-                body.write(b);
+                body.push(b);
             }
         }
-        drop(bytes);
         // The slices lie in the object in the order they were picked.
         let mut pos = 0;
         let slices: Vec<FlushSlice> = picked
@@ -87,11 +86,10 @@ impl Tiering {
                 slice
             })
             .collect();
-        let Some(object) = body.finish() else {
+        let Some(object) = body.finish_body() else {
             tracing::error!(group, "flush object length mismatch");
             return 0;
         };
-        let object = Bytes::from(object);
         // An id another (crashed) attempt already used is skipped: objects are immutable.
         let mut uploaded = None;
         for _ in 0..16 {
@@ -99,7 +97,7 @@ impl Tiering {
             let Ok(key) = chunk_key(namespace, group, id) else {
                 return 0;
             };
-            let body = Body::from(object.clone());
+            let body = object.clone();
             let put = if urgent {
                 self.store.put_if_absent(&key, body)
             } else {

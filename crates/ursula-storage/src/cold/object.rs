@@ -125,8 +125,16 @@ impl ObjectWriter {
         self.crc = crc32c::crc32c_append(self.crc, piece);
     }
 
+    /// As [`ObjectWriter::update`] with a piece of `len` bytes whose crc32c is `crc`, without
+    /// reading it again.
+    pub fn combine(&mut self, crc: u32, len: u64) {
+        if let Ok(n @ 1..) = usize::try_from(len) {
+            self.crc = crc32c::crc32c_combine(self.crc, crc, n);
+        }
+    }
+
     /// The footer.
-    pub fn finish(self) -> [u8; FOOTER_LEN] {
+    pub fn finish(&self) -> [u8; FOOTER_LEN] {
         let mut f = [0u8; FOOTER_LEN];
         f[0..4].copy_from_slice(&self.crc.to_le_bytes());
         f[4..8].copy_from_slice(&FOOTER_MAGIC);
