@@ -18,6 +18,8 @@ pub struct App {
     outbox_busy: Vec<AtomicBool>,
     pub shutdown: tokio::sync::watch::Sender<bool>,
     pub metrics: crate::metrics::Metrics,
+    /// Request latency by operation and group, answers by status.
+    pub latency: crate::latency::Latency,
     /// Live readers by stream; the node's state machines report changes to it.
     pub watchers: Arc<crate::watchers::Watchers>,
     /// The cold tier, on a node with a cold backend.
@@ -49,6 +51,7 @@ impl App {
             outbox_busy: (0..groups).map(|_| AtomicBool::new(false)).collect(),
             shutdown: tokio::sync::watch::channel(false).0,
             metrics: crate::metrics::Metrics::default(),
+            latency: crate::latency::Latency::new(groups),
             watchers,
             tiering,
             parts: Default::default(),

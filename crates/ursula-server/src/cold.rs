@@ -44,6 +44,27 @@ pub async fn open(cfg: &Config) -> anyhow::Result<Option<Arc<dyn ColdStore>>> {
     Ok(Some(store))
 }
 
+/// The `cold_store` object of `/__ursula/metrics` (cluster.md §9.1): the backend and where it
+/// keeps its objects; `null` for what the backend does not have.
+pub fn describe(cfg: &Config) -> serde_json::Value {
+    let cold = &cfg.storage.cold;
+    let backend = cold
+        .backend(cfg.has_peers())
+        .unwrap_or(ursula_storage::cold::Backend::None);
+    let s3 = (backend == ursula_storage::cold::Backend::S3).then_some(&cold.s3);
+    let path = (backend == ursula_storage::cold::Backend::Local)
+        .then(|| cold.local_path(&cfg.data_dir).display().to_string());
+    serde_json::json!({
+        "backend": backend.name(),
+        "root": cold.root,
+        "path": path,
+        "bucket": s3.and_then(|s| s.bucket.clone()),
+        "region": s3.map(|s| s.effective_region()),
+        "endpoint": s3.and_then(|s| s.endpoint.clone()),
+        "encryption": s3.map(|s| s.server_side_encryption.name()),
+    })
+}
+
 async fn probe(store: &dyn ColdStore, cfg: &ColdConfig) -> Result<(), String> {
     match tokio::time::timeout(cfg.s3.probe_timeout, store.probe()).await {
         Ok(r) => r.map_err(|e| e.to_string()),

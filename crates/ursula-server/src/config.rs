@@ -212,6 +212,11 @@ pub struct RuntimeConfig {
     pub external_payload_min_size: u64,
     /// Worker threads of the node's async runtime. Default: unset, one per available core.
     pub core_count: Option<usize>,
+    /// The process aborts once its resident memory is above this (sampled every 500 ms;
+    /// cluster.md §6.6), a last resort before the kernel's out-of-memory killer. Default:
+    /// unset (no cap).
+    #[serde(deserialize_with = "optional_size")]
+    pub node_memory_abort_cap_size: Option<u64>,
 }
 
 impl Default for RuntimeConfig {
@@ -219,6 +224,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             external_payload_min_size: 1 << 20,
             core_count: None,
+            node_memory_abort_cap_size: None,
         }
     }
 }
@@ -237,6 +243,10 @@ fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
             ursula_storage::cold::config::parse_size(&s).map_err(serde::de::Error::custom)
         }
     }
+}
+
+fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    size(d).map(Some)
 }
 
 /// `[storage]`.

@@ -112,6 +112,10 @@ fn toml_overrides_defaults() {
     assert_eq!(rt.runtime.external_payload_min_size, 2 << 20);
     assert_eq!(Config::default().runtime.external_payload_min_size, 1 << 20);
     assert!(toml::from_str::<Config>("[runtime]\nbogus = 1\n").is_err());
+    let rt: Config = toml::from_str("[runtime]\nnode_memory_abort_cap_size = \"2GiB\"\n")
+        .expect("parse the memory cap");
+    assert_eq!(rt.runtime.node_memory_abort_cap_size, Some(2 << 30));
+    assert_eq!(Config::default().runtime.node_memory_abort_cap_size, None);
     let s3: Config = toml::from_str("[storage.cold]\nbackend = \"s3\"\n").expect("parse s3");
     assert!(toml::from_str::<Config>("[raft]\nbogus = 1").is_err());
     assert!(s3.validate().is_err(), "s3 without a bucket");

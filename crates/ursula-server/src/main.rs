@@ -12,7 +12,9 @@ mod external;
 mod governance;
 mod h1;
 mod http;
+mod latency;
 mod local_chunks;
+mod memory;
 mod metrics;
 mod parse_errors;
 mod parts;
@@ -105,6 +107,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(cfg: Config) -> anyhow::Result<()> {
+    memory::spawn_abort_cap(cfg.runtime.node_memory_abort_cap_size)?;
     std::fs::create_dir_all(&cfg.data_dir)?;
     let started = std::time::Instant::now();
     let cold_store = cold::open(&cfg).await?;

@@ -103,6 +103,10 @@ pub struct ServerArgs {
     /// of a fresh cluster only.
     #[arg(long, env = "URSULA_INIT_MEMBERSHIP_PER_GROUP")]
     init_membership_per_group: Option<bool>,
+    /// Abort the process once its resident memory is above this size, sampled every 500 ms
+    /// (`runtime.node_memory_abort_cap_size`) [default: no cap].
+    #[arg(long, env = "URSULA_NODE_MEMORY_ABORT_CAP_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
+    node_memory_abort_cap_size: Option<u64>,
     /// Runtime worker threads (`runtime.core_count`) [default: the CPUs available].
     #[arg(long, env = "URSULA_CORE_COUNT")]
     core_count: Option<usize>,
@@ -147,6 +151,9 @@ impl ServerArgs {
         }
         if self.core_count.is_some() {
             c.runtime.core_count = self.core_count;
+        }
+        if self.node_memory_abort_cap_size.is_some() {
+            c.runtime.node_memory_abort_cap_size = self.node_memory_abort_cap_size;
         }
         if self.wal_path.is_some() {
             c.raft.wal.path = self.wal_path;

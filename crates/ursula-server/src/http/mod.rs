@@ -28,12 +28,14 @@ mod sse_frame;
 pub mod write;
 
 use crate::app::App;
+use crate::latency::Op;
 use crate::metrics::inc;
 use axum::body::Body;
 use error::ApiError;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use path::{Route, Sub};
 use std::sync::Arc;
+use std::time::Instant;
 use ursula_core::ErrorCode;
 
 pub type Resp = Response<Body>;
@@ -71,18 +73,24 @@ pub async fn handle_cluster(app: Arc<App>, req: Request<Body>) -> Resp {
 
 async fn serve(app: Arc<App>, req: Request<Body>) -> Resp {
     inc(&app.metrics.requests, 1);
+    let started = Instant::now();
     let origin = req.headers().get(header::ORIGIN).cloned();
+    let mut timed = None;
     let mut resp = if let Err(e) = host::check(&app, &req) {
         error::render(e)
     } else if req.method() == Method::OPTIONS {
         options(&app, &req, origin.as_ref())
     } else {
-        match dispatch(&app, req).await {
+        match dispatch(&app, req, &mut timed).await {
             Ok(r) => r,
             Err(e) => error::render(e),
         }
     };
     let status = resp.status();
+    app.latency.answered(status);
+    if let Some((op, group)) = timed {
+        app.latency.observe(op, group, started.elapsed());
+    }
     if status.is_client_error() {
         inc(&app.metrics.errors_4xx, 1);
     } else if status.is_server_error() {
@@ -170,8 +178,15 @@ pub fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NOT_FOUND, "not found")
 }
 
-async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
+/// Routes `req`; `timed` learns what it is and in which group, unless it is not timed (a
+/// live read, an operational route).
+async fn dispatch(
+    app: &Arc<App>,
+    req: Request<Body>,
+    timed: &mut Option<(Op, Option<u32>)>,
+) -> ApiResult {
     let route = path::route(req.uri().path())?;
+    *timed = timed_op(app, req.method(), &route, req.uri().query());
     if let Route::Stream(target, sub) = &route {
         match leader::gate(app, target, sub.as_ref(), &req) {
             leader::Gate::Lead => {}
@@ -197,6 +212,32 @@ async fn dispatch(app: &Arc<App>, req: Request<Body>) -> ApiResult {
         }
     }
     route_request(app, route, req).await
+}
+
+/// What a request to `route` is, for the latency histograms (`crate::latency`), and the
+/// group of its stream.
+fn timed_op(
+    app: &App,
+    method: &Method,
+    route: &Route,
+    query: Option<&str>,
+) -> Option<(Op, Option<u32>)> {
+    let read = method == Method::GET || method == Method::HEAD;
+    let op = |read_op| if read { read_op } else { Op::Mutation };
+    match route {
+        Route::Stream(target, sub) => {
+            let group = Some(app.group_of(&target.key));
+            let op = match sub {
+                None if method == Method::POST => Op::Append,
+                None if read && query::is_live(query) => return None,
+                None | Some(Sub::Bootstrap | Sub::Snapshot(_) | Sub::Retention(_)) => op(Op::Read),
+                Some(Sub::Attrs | Sub::AppendBatch) => return None,
+            };
+            Some((op, group))
+        }
+        Route::Bucket(_) | Route::List(_) => Some((op(Op::Read), None)),
+        Route::Ops(_) | Route::NotFound => None,
+    }
 }
 
 /// Every route but the append is boxed: an async fn's future is as large as its largest

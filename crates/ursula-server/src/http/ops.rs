@@ -23,6 +23,10 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             j["rejoin"] = raft_metrics::rejoin_json(&app.node);
             j["raft_rpc"] = raft_metrics::rpc_json(&app.node);
             j["cluster_probe"] = app.governance.probes.json();
+            j["cold_store"] = crate::cold::describe(&app.cfg);
+            for (k, v) in app.latency.json() {
+                j[k] = v;
+            }
             (StatusCode::OK, j.to_string(), "application/json")
         }
         ["metrics", "prometheus"] => (
@@ -30,7 +34,8 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             app.metrics.prometheus(&extra_metrics(app))
                 + &raft_metrics::prometheus(&raft_metrics::rows(app))
                 + &raft_metrics::rpc_prometheus(&app.node)
-                + &app.governance.probes.prometheus(),
+                + &app.governance.probes.prometheus()
+                + &app.latency.prometheus(),
             "text/plain; version=0.0.4",
         ),
         ["health"] => (
@@ -104,6 +109,16 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
         .count() as u64;
     let mut out = vec![
         ("ursula_streams", "gauge", streams),
+        (
+            "ursula_process_rss_bytes",
+            "gauge",
+            crate::memory::rss_bytes().unwrap_or(0),
+        ),
+        (
+            "ursula_node_memory_abort_cap_bytes",
+            "gauge",
+            app.cfg.runtime.node_memory_abort_cap_size.unwrap_or(0),
+        ),
         ("ursula_raft_groups", "gauge", groups),
         ("ursula_live_watched_streams", "gauge", watched),
         (

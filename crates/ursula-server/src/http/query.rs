@@ -38,6 +38,14 @@ struct RawRecords {
     record_view: Option<String>,
 }
 
+/// Whether the query asks for a live read (a `live` parameter, whatever its value): such a
+/// read waits by design, so it is not timed (`crate::latency`).
+pub fn is_live(q: Option<&str>) -> bool {
+    q.unwrap_or("")
+        .split('&')
+        .any(|p| p.split_once('=').map_or(p, |(k, _)| k) == "live")
+}
+
 pub fn parse_query(q: Option<&str>) -> Result<ReadQuery, ApiError> {
     let mut rq = ReadQuery::default();
     let mut seen_offset = false;
@@ -163,6 +171,15 @@ mod tests {
 
     fn code(q: &str) -> Option<ErrorCode> {
         parse_query(Some(q)).err().map(|e| e.code())
+    }
+
+    #[test]
+    fn a_live_parameter_marks_a_live_read() {
+        assert!(is_live(Some("offset=-1&live=sse")));
+        assert!(is_live(Some("live=long-poll")));
+        assert!(is_live(Some("live")));
+        assert!(!is_live(Some("offset=-1&alive=1&x=live")));
+        assert!(!is_live(None));
     }
 
     #[test]

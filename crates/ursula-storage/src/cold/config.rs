@@ -68,6 +68,17 @@ pub enum Encryption {
     None,
 }
 
+impl Encryption {
+    /// The name the configuration uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encryption::Aes256 => "aes256",
+            Encryption::AwsKms => "aws-kms",
+            Encryption::None => "none",
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for Encryption {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         match String::deserialize(d)?.trim().to_ascii_lowercase().as_str() {
@@ -265,6 +276,18 @@ pub struct S3Config {
     /// Health-probe timeout. Default: `2s`.
     #[serde(deserialize_with = "duration")]
     pub probe_timeout: Duration,
+}
+
+impl S3Config {
+    /// The region requests go to: `region`, else `AWS_REGION`, else `AWS_DEFAULT_REGION`,
+    /// else `us-east-1`.
+    pub fn effective_region(&self) -> String {
+        self.region
+            .clone()
+            .or_else(|| std::env::var("AWS_REGION").ok())
+            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+            .unwrap_or_else(|| "us-east-1".to_owned())
+    }
 }
 
 impl std::fmt::Debug for S3Config {
@@ -647,13 +670,7 @@ impl S3Config {
                 ..Default::default()
             })
             .with_client_options(object_store::ClientOptions::new().with_timeout(self.timeout));
-        let region = self
-            .region
-            .clone()
-            .or_else(|| std::env::var("AWS_REGION").ok())
-            .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-            .unwrap_or_else(|| "us-east-1".to_owned());
-        b = b.with_region(region);
+        b = b.with_region(self.effective_region());
         if let Some(ep) = &self.endpoint {
             b = b
                 .with_endpoint(ep.trim_end_matches('/'))
