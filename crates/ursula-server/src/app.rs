@@ -20,6 +20,8 @@ pub struct App {
     pub metrics: crate::metrics::Metrics,
     /// Request latency by operation and group, answers by status.
     pub latency: crate::latency::Latency,
+    /// Client bytes each group has proposed and not yet answered.
+    pub uncommitted: crate::uncommitted::Uncommitted,
     /// Live readers by stream; the node's state machines report changes to it.
     pub watchers: Arc<crate::watchers::Watchers>,
     /// The cold tier, on a node with a cold backend.
@@ -43,6 +45,8 @@ impl App {
     ) -> Arc<Self> {
         let groups = node.group_count();
         let body_budget = crate::http::budget::BodyBudget::new(cfg.http_inflight_body_size);
+        let uncommitted =
+            crate::uncommitted::Uncommitted::new(groups, cfg.raft.max_uncommitted_size_per_group);
         Arc::new(App {
             node,
             cfg,
@@ -52,6 +56,7 @@ impl App {
             shutdown: tokio::sync::watch::channel(false).0,
             metrics: crate::metrics::Metrics::default(),
             latency: crate::latency::Latency::new(groups),
+            uncommitted,
             watchers,
             tiering,
             parts: Default::default(),
@@ -82,6 +87,16 @@ impl App {
 
     /// Replicates `op` in `group` and returns what the state machine answered.
     pub async fn propose(self: &Arc<Self>, group: u32, op: Op) -> Result<Reply, ApiError> {
+        // A client's data counts against raft.max_uncommitted_size_per_group until answered.
+        let client_data = matches!(
+            op,
+            Op::Append(_) | Op::Create(_) | Op::AppendExternal(_) | Op::CreateExternal(_)
+        );
+        let _held = if client_data {
+            Some(self.uncommitted.admit(group, op.payload_len() as u64)?)
+        } else {
+            None
+        };
         let cmd = Command {
             now_ms: self.now_ms(),
             op,

@@ -135,6 +135,11 @@ pub struct RaftSection {
     /// Carry the small RPCs of many groups to a peer in one request (`ursula_raft::coalesce`).
     /// Default: on; off sends every RPC on its own (for comparison and debugging).
     pub rpc_batching: Option<bool>,
+    /// Payload bytes a group may hold proposed and not yet answered before writes answer
+    /// `503 RAFT_UNCOMMITTED_BACKPRESSURE` (cluster.md §6.6, `uncommitted.rs`). Default:
+    /// unset (no bound).
+    #[serde(deserialize_with = "opt_size")]
+    pub max_uncommitted_size_per_group: Option<u64>,
     /// `[raft.wal]`.
     pub wal: WalSection,
 }
@@ -215,7 +220,7 @@ pub struct RuntimeConfig {
     /// The process aborts once its resident memory is above this (sampled every 500 ms;
     /// cluster.md §6.6), a last resort before the kernel's out-of-memory killer. Default:
     /// unset (no cap).
-    #[serde(deserialize_with = "optional_size")]
+    #[serde(deserialize_with = "opt_size")]
     pub node_memory_abort_cap_size: Option<u64>,
 }
 
@@ -243,10 +248,6 @@ fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
             ursula_storage::cold::config::parse_size(&s).map_err(serde::de::Error::custom)
         }
     }
-}
-
-fn optional_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    size(d).map(Some)
 }
 
 /// `[storage]`.

@@ -116,6 +116,10 @@ fn toml_overrides_defaults() {
         .expect("parse the memory cap");
     assert_eq!(rt.runtime.node_memory_abort_cap_size, Some(2 << 30));
     assert_eq!(Config::default().runtime.node_memory_abort_cap_size, None);
+    let raft: Config = toml::from_str("[raft]\nmax_uncommitted_size_per_group = \"8MiB\"\n")
+        .expect("parse the uncommitted bound");
+    assert_eq!(raft.raft.max_uncommitted_size_per_group, Some(8 << 20));
+    assert_eq!(Config::default().raft.max_uncommitted_size_per_group, None);
     let s3: Config = toml::from_str("[storage.cold]\nbackend = \"s3\"\n").expect("parse s3");
     assert!(toml::from_str::<Config>("[raft]\nbogus = 1").is_err());
     assert!(s3.validate().is_err(), "s3 without a bucket");

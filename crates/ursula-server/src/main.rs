@@ -25,6 +25,7 @@ mod server;
 mod server_args;
 mod snapshot_store;
 mod tiering;
+mod uncommitted;
 mod watchers;
 
 use clap::{Parser, Subcommand};

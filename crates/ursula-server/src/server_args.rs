@@ -103,6 +103,11 @@ pub struct ServerArgs {
     /// of a fresh cluster only.
     #[arg(long, env = "URSULA_INIT_MEMBERSHIP_PER_GROUP")]
     init_membership_per_group: Option<bool>,
+    /// Payload bytes a Raft group may hold proposed and not yet committed before writes answer
+    /// 503 RAFT_UNCOMMITTED_BACKPRESSURE (`raft.max_uncommitted_size_per_group`) [default: no
+    /// bound].
+    #[arg(long, env = "URSULA_MAX_UNCOMMITTED_SIZE_PER_GROUP", value_parser = ursula_storage::cold::config::parse_size)]
+    max_uncommitted_size_per_group: Option<u64>,
     /// Abort the process once its resident memory is above this size, sampled every 500 ms
     /// (`runtime.node_memory_abort_cap_size`) [default: no cap].
     #[arg(long, env = "URSULA_NODE_MEMORY_ABORT_CAP_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
@@ -151,6 +156,9 @@ impl ServerArgs {
         }
         if self.core_count.is_some() {
             c.runtime.core_count = self.core_count;
+        }
+        if self.max_uncommitted_size_per_group.is_some() {
+            c.raft.max_uncommitted_size_per_group = self.max_uncommitted_size_per_group;
         }
         if self.node_memory_abort_cap_size.is_some() {
             c.runtime.node_memory_abort_cap_size = self.node_memory_abort_cap_size;

@@ -557,3 +557,68 @@ fn a_write_held_by_a_full_disk_answers_outcome_unknown_in_bounded_time() {
     let r = s.post("/faults/stall", TEXT, b"c;");
     assert_eq!(r.status, 204, "{}", r.describe());
 }
+
+#[test]
+fn writes_past_the_uncommitted_bound_of_a_stalled_group_answer_503_until_it_commits() {
+    if !strace_available("writes_past_the_uncommitted_bound") {
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tmp");
+    let data = tmp.path().join("data");
+    let s = Server::start_in_with_args(&data, &["--max-uncommitted-size-per-group", "1000"]);
+    create(&s, "/faults/bound");
+    let held = |s: &Server| {
+        s.metrics()["raft_uncommitted_bytes"]
+            .as_u64()
+            .expect("gauge")
+    };
+    assert_eq!(held(&s), 0);
+    // The next sync takes 3 s: an 800-byte append waits for it, counted against the bound.
+    let strace = Strace::attach(
+        s.pid().expect("pid"),
+        &active_segment(&data),
+        "fdatasync",
+        "delay_enter=3000000:when=1",
+        tmp.path(),
+    );
+    let addr = s.addr();
+    let first = std::thread::spawn(move || {
+        common::try_request(
+            addr,
+            "POST",
+            "/faults/bound",
+            &[("Content-Type", TEXT)],
+            &[b'a'; 800],
+            Duration::from_secs(30),
+        )
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), || held(&s) == 800),
+        "the stalled append was never counted"
+    );
+    // Another 800 bytes would take the group past 1000: refused at once, nothing appended.
+    let r = s.post("/faults/bound", TEXT, &[b'b'; 800]);
+    assert_error(&r, 503, "RAFT_UNCOMMITTED_BACKPRESSURE");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // A small one still fits.
+    let small = std::thread::spawn(move || {
+        common::try_request(
+            addr,
+            "POST",
+            "/faults/bound",
+            &[("Content-Type", TEXT)],
+            b"c",
+            Duration::from_secs(30),
+        )
+    });
+    let first = first.join().expect("first").expect("answered");
+    assert_eq!(first.status, 204, "{}", first.text());
+    assert_eq!(small.join().expect("small").expect("answered").status, 204);
+    drop(strace);
+    assert_eq!(held(&s), 0, "every answered write gave its bytes back");
+    assert_eq!(s.post("/faults/bound", TEXT, &[b'd'; 800]).status, 204);
+    let (body, _) = s.read_all("/faults/bound");
+    assert_eq!(body.len(), 800 + 1 + 800, "the refused write left nothing");
+    let m = s.metrics();
+    assert_eq!(m["raft_uncommitted_backpressure_total"], 1);
+}

@@ -110,6 +110,16 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
     let mut out = vec![
         ("ursula_streams", "gauge", streams),
         (
+            "ursula_raft_uncommitted_bytes",
+            "gauge",
+            app.uncommitted.held(),
+        ),
+        (
+            "ursula_raft_uncommitted_backpressure_total",
+            "counter",
+            app.uncommitted.refused(),
+        ),
+        (
             "ursula_process_rss_bytes",
             "gauge",
             crate::memory::rss_bytes().unwrap_or(0),
