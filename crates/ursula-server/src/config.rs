@@ -72,6 +72,10 @@ pub struct Config {
     pub cors_allowed_origins: Vec<String>,
     /// Public base URL used in `Location` headers. Default: from the Host header.
     pub public_url: Option<String>,
+    /// Without `public_url`, take the public base URL from `Forwarded` (else
+    /// `X-Forwarded-Proto` / `X-Forwarded-Host`), for a node behind a trusted proxy
+    /// (protocol.md §2.7). Default: false.
+    pub trust_forwarded_headers: bool,
     /// Host names this node answers for (the `Host` header without its port, compared
     /// case-insensitively); other hosts get `400 MALFORMED_REQUEST`. Empty: any valid host.
     /// Default: [].
@@ -479,6 +483,7 @@ impl Default for Config {
             commit_linger_us: ursula_raft::COMMIT_LINGER.as_micros() as u64,
             cors_allowed_origins: vec!["*".to_owned()],
             public_url: None,
+            trust_forwarded_headers: false,
             allowed_hosts: Vec::new(),
             fsync: true,
             storage: StorageConfig::default(),

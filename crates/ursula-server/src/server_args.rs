@@ -66,6 +66,10 @@ pub struct ServerArgs {
     /// Public base URL for Location headers [default: from the Host header].
     #[arg(long, env = "URSULA_PUBLIC_URL")]
     public_url: Option<String>,
+    /// Without --public-url, take the public base URL from Forwarded / X-Forwarded-* headers
+    /// (`trust_forwarded_headers`; only behind a proxy that sets them) [default: false].
+    #[arg(long, env = "URSULA_TRUST_FORWARDED_HEADERS")]
+    trust_forwarded_headers: Option<bool>,
     /// Host names to answer for, comma-separated; other hosts get 400 [default: any].
     #[arg(long, env = "URSULA_ALLOWED_HOSTS", value_delimiter = ',')]
     allowed_hosts: Option<Vec<String>>,
@@ -198,6 +202,9 @@ impl ServerArgs {
         }
         if let Some(v) = self.http1_own_path {
             c.http1_own_path = v;
+        }
+        if let Some(v) = self.trust_forwarded_headers {
+            c.trust_forwarded_headers = v;
         }
         if self.public_url.is_some() {
             c.public_url = self.public_url;

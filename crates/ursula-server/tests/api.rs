@@ -100,6 +100,48 @@ fn assert_data_control_pairs(raw: &[u8]) {
     );
 }
 
+#[test]
+fn a_node_behind_a_trusted_proxy_names_the_forwarded_base_in_location() {
+    let fwd = [
+        ("Content-Type", "text/plain"),
+        (
+            "Forwarded",
+            "for=192.0.2.60;proto=https;host=streams.example.com",
+        ),
+    ];
+    let xfwd = [
+        ("Content-Type", "text/plain"),
+        ("X-Forwarded-Proto", "https"),
+        ("X-Forwarded-Host", "edge.example:8443"),
+    ];
+    let trusted = Server::start_with_args(&["--trust-forwarded-headers", "true"]);
+    let r = trusted.req("PUT", "/proxied/a", &fwd, b"");
+    assert_status(&r, 201);
+    assert_eq!(
+        r.header("location"),
+        Some("https://streams.example.com/proxied/a")
+    );
+    let r = trusted.req("PUT", "/proxied/b", &xfwd, b"");
+    assert_eq!(
+        r.header("location"),
+        Some("https://edge.example:8443/proxied/b")
+    );
+    // A forwarded host that is not a valid authority is ignored, not echoed.
+    let bad = [
+        ("Content-Type", "text/plain"),
+        ("X-Forwarded-Host", "x\"><b>"),
+    ];
+    let r = trusted.req("PUT", "/proxied/c", &bad, b"");
+    let loc = r.header("location").expect("Location");
+    assert!(loc.starts_with("http://127.0.0.1:"), "{loc}");
+
+    // By default the headers are a client's, not a proxy's: ignored.
+    let s = Server::start();
+    let r = s.req("PUT", "/proxied/a", &fwd, b"");
+    let loc = r.header("location").expect("Location");
+    assert!(loc.starts_with("http://127.0.0.1:"), "{loc}");
+}
+
 // ---- round trips ----------------------------------------------------------------------------
 
 #[test]

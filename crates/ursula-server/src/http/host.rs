@@ -111,11 +111,17 @@ pub fn check<B>(app: &App, req: &Request<B>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The public base URL of a request (protocol.md §2.7): `server.public_url`, else `http://`
+/// The public base URL of a request (protocol.md §2.7): `server.public_url`; else, when
+/// `trust_forwarded_headers` is on, what a proxy forwarded ([`forwarded_base`]); else `http://`
 /// and the authority [`check`] accepted, else the listener's address.
 pub fn base_url(app: &App, uri: &http::Uri, hm: &HeaderMap) -> String {
     if let Some(u) = &app.cfg.public_url {
         return u.trim_end_matches('/').to_owned();
+    }
+    if app.cfg.trust_forwarded_headers
+        && let Some(base) = forwarded_base(hm)
+    {
+        return base;
     }
     let authority = uri.authority().map(|a| a.as_str()).or_else(|| {
         hm.get(header::HOST)
@@ -128,9 +134,104 @@ pub fn base_url(app: &App, uri: &http::Uri, hm: &HeaderMap) -> String {
     }
 }
 
+/// The base URL a trusted proxy forwarded: the first element of `Forwarded` (RFC 7239) when
+/// it names a `host`, else the first values of `X-Forwarded-Host` and `X-Forwarded-Proto`.
+/// The scheme is `http` or `https` (`http` when not forwarded) and the host must be a valid
+/// authority; a header that is malformed is ignored, never echoed.
+fn forwarded_base(hm: &HeaderMap) -> Option<String> {
+    let first = |name: &str| {
+        hm.get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let (proto, host) = match first("forwarded").and_then(parse_forwarded) {
+        Some((proto, host)) => (proto, host),
+        None => (first("x-forwarded-proto"), first("x-forwarded-host")?),
+    };
+    let scheme = match proto {
+        None => "http",
+        Some(p) if p.eq_ignore_ascii_case("http") => "http",
+        Some(p) if p.eq_ignore_ascii_case("https") => "https",
+        Some(_) => return None,
+    };
+    is_valid_authority(host).then(|| format!("{scheme}://{host}"))
+}
+
+/// `proto` and `host` of one `Forwarded` element (`for=…;proto=https;host=example.com`,
+/// values optionally quoted); `None` without a `host`.
+fn parse_forwarded(element: &str) -> Option<(Option<&str>, &str)> {
+    let mut proto = None;
+    let mut host = None;
+    for pair in element.split(';') {
+        let (k, v) = pair.split_once('=')?;
+        let v = v.trim();
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(v);
+        match k.trim().to_ascii_lowercase().as_str() {
+            "proto" => proto = Some(v),
+            "host" => host = Some(v),
+            _ => {}
+        }
+    }
+    Some((proto, host?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn forwarded(headers: &[(&'static str, &'static str)]) -> Option<String> {
+        let mut hm = HeaderMap::new();
+        for (k, v) in headers {
+            hm.append(*k, http::HeaderValue::from_static(v));
+        }
+        forwarded_base(&hm)
+    }
+
+    #[test]
+    fn forwarded_headers_name_the_public_base() {
+        let f = "for=192.0.2.60;proto=https;host=streams.example.com, for=10.0.0.1;host=inner";
+        assert_eq!(
+            forwarded(&[("forwarded", f)]).as_deref(),
+            Some("https://streams.example.com")
+        );
+        assert_eq!(
+            forwarded(&[("forwarded", "host=\"[::1]:8443\";proto=\"HTTPS\"")]).as_deref(),
+            Some("https://[::1]:8443")
+        );
+        // Forwarded wins; without a host in it, the X-Forwarded pair is used.
+        let both = [
+            ("forwarded", "proto=https;host=a.example"),
+            ("x-forwarded-host", "b.example"),
+        ];
+        assert_eq!(forwarded(&both).as_deref(), Some("https://a.example"));
+        let xf = [
+            ("forwarded", "for=1.2.3.4"),
+            ("x-forwarded-proto", "https, http"),
+            ("x-forwarded-host", "b.example:8443, c"),
+        ];
+        assert_eq!(forwarded(&xf).as_deref(), Some("https://b.example:8443"));
+        assert_eq!(
+            forwarded(&[("x-forwarded-host", "b.example")]).as_deref(),
+            Some("http://b.example")
+        );
+        // Malformed values are ignored, never echoed.
+        for bad in [
+            &[("x-forwarded-host", "x\"><script>")][..],
+            &[
+                ("x-forwarded-host", "b.example"),
+                ("x-forwarded-proto", "ftp"),
+            ],
+            &[("forwarded", "host")],
+            &[("x-forwarded-proto", "https")],
+        ] {
+            assert_eq!(forwarded(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn authorities() {
