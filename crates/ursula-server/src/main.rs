@@ -79,7 +79,9 @@ const EXIT_SECOND_SIGNAL: i32 = 130;
 const FAIL_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn init_tracing(format: &str) {
+    // `URSULA_LOG`, else `RUST_LOG` (cluster.md §13), else `info` (openraft's at `warn`).
     let filter = tracing_subscriber::EnvFilter::try_from_env("URSULA_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

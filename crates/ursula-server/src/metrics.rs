@@ -13,6 +13,9 @@ pub struct Metrics {
     pub read_bytes: AtomicU64,
     pub live_waiters: AtomicU64,
     pub sse_connections: AtomicU64,
+    /// SSE responses opened, and the data events they sent.
+    pub sse_opened: AtomicU64,
+    pub sse_data_events: AtomicU64,
     pub live_wakeups: AtomicU64,
 }
 
@@ -25,7 +28,7 @@ pub fn inc(c: &AtomicU64, by: u64) {
 }
 
 impl Metrics {
-    fn pairs(&self) -> [(&'static str, &'static str, &'static str, u64); 10] {
+    fn pairs(&self) -> [(&'static str, &'static str, &'static str, u64); 12] {
         [
             (
                 "ursula_http_requests_total",
@@ -80,6 +83,18 @@ impl Metrics {
                 "gauge",
                 "open SSE responses",
                 get(&self.sse_connections),
+            ),
+            (
+                "ursula_sse_responses_total",
+                "counter",
+                "SSE responses opened",
+                get(&self.sse_opened),
+            ),
+            (
+                "ursula_sse_data_events_total",
+                "counter",
+                "data events sent on SSE responses",
+                get(&self.sse_data_events),
             ),
             (
                 "ursula_live_wakeups_total",

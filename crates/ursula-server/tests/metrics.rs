@@ -71,6 +71,9 @@ fn requests_are_timed_by_operation_and_answers_counted_by_status() {
         "{cold}"
     );
     assert!(m["process_rss_bytes"].as_u64().unwrap() > 1 << 20);
+    // The 9 bytes are hot (no flush of 1 MiB yet), in the node's one group.
+    assert_eq!(m["hot_bytes_by_group"][0]["hot_bytes"], 9);
+    assert_eq!(m["hot_bytes"], 9);
     assert_eq!(m["node_memory_abort_cap_bytes"], 0, "no cap by default");
 
     let text = s.get("/__ursula/metrics/prometheus").text();
@@ -80,12 +83,41 @@ fn requests_are_timed_by_operation_and_answers_counted_by_status() {
         "ursula_request_duration_seconds_bucket{op=\"append\",le=\"+Inf\"} 3",
         "ursula_http_responses_total{status=\"201\"} 1",
         "# TYPE ursula_process_rss_bytes gauge",
+        "ursula_group_hot_bytes{group=\"0\"} 9",
     ] {
         assert!(
             text.lines().any(|l| l == line),
             "missing {line:?} in\n{text}"
         );
     }
+}
+
+#[test]
+fn sse_responses_and_their_data_events_are_counted() {
+    let s = Server::start();
+    assert_eq!(s.put("/mtrc/live", "text/plain", b"first").status, 201);
+    let before = s.metrics();
+    // An SSE read of a closed stream: one data event, then the response ends.
+    assert_eq!(
+        s.post("/mtrc/live", "text/plain", b"").status,
+        400,
+        "empty append"
+    );
+    let r = s.req(
+        "POST",
+        "/mtrc/live",
+        &[("Content-Type", "text/plain"), ("Stream-Closed", "true")],
+        b"",
+    );
+    assert!(r.status == 204 || r.status == 200, "close: {}", r.status);
+    let r = s.get("/mtrc/live?offset=-1&live=sse");
+    assert_eq!(r.status, 200);
+    assert!(r.text().contains("event: data"), "{}", r.text());
+    let m = s.metrics();
+    let d = |k: &str| m[k].as_u64().unwrap() - before[k].as_u64().unwrap();
+    assert_eq!(d("sse_responses_total"), 1);
+    assert_eq!(d("sse_data_events_total"), 1);
+    assert_eq!(m["sse_connections"], 0, "the response ended");
 }
 
 #[test]

@@ -24,6 +24,9 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             j["raft_rpc"] = raft_metrics::rpc_json(&app.node);
             j["cluster_probe"] = app.governance.probes.json();
             j["cold_store"] = crate::cold::describe(&app.cfg);
+            j["hot_bytes_by_group"] = hot_by_group(app)
+                .map(|(group, hot)| serde_json::json!({"group": group, "hot_bytes": hot}))
+                .collect();
             for (k, v) in app.latency.json() {
                 j[k] = v;
             }
@@ -35,7 +38,8 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
                 + &raft_metrics::prometheus(&raft_metrics::rows(app))
                 + &raft_metrics::rpc_prometheus(&app.node)
                 + &app.governance.probes.prometheus()
-                + &app.latency.prometheus(),
+                + &app.latency.prometheus()
+                + &hot_prometheus(app),
             "text/plain; version=0.0.4",
         ),
         ["health"] => (
@@ -52,6 +56,22 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     r.headers_mut()
         .insert("content-type", HeaderValue::from_static(ct));
     Ok(r)
+}
+
+/// Each group's hot bytes (not yet in the cold tier), from one short read of its state.
+fn hot_by_group(app: &App) -> impl Iterator<Item = (u32, u64)> + '_ {
+    (0..app.node.group_count()).map(|g| (g, app.with_group(g, |gs| gs.hot_bytes())))
+}
+
+fn hot_prometheus(app: &App) -> String {
+    let mut out = String::from(
+        "# HELP ursula_group_hot_bytes bytes a group holds in memory, not yet in the cold tier\n\
+         # TYPE ursula_group_hot_bytes gauge\n",
+    );
+    for (g, hot) in hot_by_group(app) {
+        out.push_str(&format!("ursula_group_hot_bytes{{group=\"{g}\"}} {hot}\n"));
+    }
+    out
 }
 
 /// Why this node cannot do its job right now (cluster.md §9.2); empty when it can. Reads only

@@ -112,6 +112,7 @@ struct Open(Arc<App>);
 impl Open {
     fn new(app: &Arc<App>) -> Open {
         app.metrics.sse_connections.fetch_add(1, Ordering::Relaxed);
+        app.metrics.sse_opened.fetch_add(1, Ordering::Relaxed);
         Open(app.clone())
     }
 }
@@ -448,6 +449,7 @@ impl Live {
     /// the tail or done.
     fn advance(&mut self, end: u64, t: Tail) {
         inc(&self.app.metrics.read_bytes, end - self.pos);
+        inc(&self.app.metrics.sse_data_events, 1);
         let at_tail = end == t.tail;
         let closed = at_tail && t.closed;
         self.pos = end;
