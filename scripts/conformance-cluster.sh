@@ -3,6 +3,11 @@
 #
 #   scripts/conformance-cluster.sh [expected skipped count]
 #
+# Then runs the suite again through the gateway (`ursula gateway`, cluster.md §12) in front of
+# all three nodes, with CORS for any origin: requests go to each node in turn until the
+# gateway has learned their stream's leader from a 307, which it follows itself. Passes the
+# same way, and when the gateway followed at least one redirect.
+#
 # Starts 3 nodes (release binaries in target/release, or URSULA_BIN_DIR) with one shared
 # local cold dir, waits until every group has a leader, picks the node that leads the fewest
 # groups (usually none) and puts ursula-redirect-proxy in front of it: the suite's requests
@@ -135,3 +140,33 @@ if [[ -n $WANT_SKIPPED && $SKIPPED != "$WANT_SKIPPED" ]]; then
 fi
 [[ $FOLLOWED -gt 0 ]] || { echo "no request was redirected: the proxy did not front a follower"; exit 1; }
 echo "conformance through a follower ($COLD cold store) passed: $LINE"
+
+# The same suite through the gateway in front of every node.
+"$BIN/ursula" gateway --listen 127.0.0.1:0 --cors-allowed-origin '*' \
+  --upstream "http://127.0.0.1:${PORTS[0]}" --upstream "http://127.0.0.1:${PORTS[1]}" \
+  --upstream "http://127.0.0.1:${PORTS[2]}" 2>"$TMP/gateway.log" &
+PIDS+=($!)
+GW=
+for _ in $(seq 1 100); do
+  GW=$(sed 's/\x1b\[[0-9;]*m//g' "$TMP/gateway.log" | grep -o 'addr=[0-9.:]*' | head -n1 | cut -d= -f2 || true)
+  [[ -n $GW ]] && break
+  sleep 0.1
+done
+[[ -n $GW ]] || { logs; echo "the gateway did not start"; exit 1; }
+OUT=$TMP/conformance-gateway.out
+set +e
+"$CONF_DIR/run-conformance.sh" "http://$GW" 2>&1 | tee "$OUT"
+RC=${PIPESTATUS[0]}
+set -e
+LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
+PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
+FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
+REDIRECTS=$(curl -sf "http://$GW/__ursula/gateway/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_redirects"])')
+echo "the gateway followed $REDIRECTS redirects"
+if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
+  logs
+  echo "conformance through the gateway: expected failed=0 and passed>=332, got: $LINE"
+  exit 1
+fi
+[[ ${REDIRECTS:-0} -gt 0 ]] || { echo "the gateway followed no redirect"; exit 1; }
+echo "conformance through the gateway in front of 3 nodes passed: $LINE"

@@ -3,7 +3,7 @@
 # crash and bad-input tests), the cold-store suite against a real S3-compatible server
 # (scripts/s3-suite.sh), the official conformance suite against a durable node, a smoke run
 # of every benchmark scenario, and the conformance suite through a follower of a 3-node
-# cluster (scripts/conformance-cluster.sh). CI runs exactly this (.ci/run).
+# cluster and through the gateway in front of it (scripts/conformance-cluster.sh). CI runs exactly this (.ci/run).
 set -euo pipefail
 ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$ROOT"
@@ -71,7 +71,7 @@ fi
 step "benchmark smoke run against the same node (checks the generator works, not speed)"
 "$ROOT/target/release/ursula-bench" --url "http://$ADDR" smoke --strict --server-pid "$PID"
 
-step "conformance suite through a follower of a 3-node cluster on one S3 bucket (moto; ursula-redirect-proxy)"
+step "conformance suite through a follower of a 3-node cluster on one S3 bucket (moto; ursula-redirect-proxy), then through the gateway"
 URSULA_CLUSTER_COLD=s3 URSULA_CONFORMANCE_DIR=$CONF_DIR "$ROOT/scripts/conformance-cluster.sh" "$SKIPPED"
 
 step "all tests passed"

@@ -57,6 +57,9 @@ enum Cmd {
     /// first damage, keeping every whole batch before it, and report what was dropped. Run
     /// only with the node stopped; data after the damage (acknowledged or not) is lost.
     Repair(RepairArgs),
+    /// Run the gateway (`ursulagw`): one front door for a cluster's nodes, following leader
+    /// redirects itself so that node addresses never reach clients (cluster.md §12).
+    Gateway(Box<ursula_gateway::GatewayArgs>),
 }
 
 #[derive(clap::Args)]
@@ -98,6 +101,13 @@ fn main() -> anyhow::Result<()> {
     let args = match cli.cmd {
         Cmd::Server(args) => *args,
         Cmd::Repair(args) => return repair(&args),
+        Cmd::Gateway(args) => {
+            ursula_gateway::init_tracing();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            return rt.block_on(ursula_gateway::main(*args));
+        }
     };
     let (cfg, log_format) = args.into_config()?;
     init_tracing(&log_format);

@@ -1,0 +1,72 @@
+//! The gateway's flags (cluster.md §12.1).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// `ursulagw` / `ursula gateway`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(long, env = "URSULAGW_LISTEN", default_value = "0.0.0.0:4437")]
+    pub listen: SocketAddr,
+    /// A node's client-plane URL, `http://host:port`; repeat for every node (or give them
+    /// comma-separated).
+    #[arg(long = "upstream", env = "URSULAGW_UPSTREAMS", value_delimiter = ',', required = true, value_parser = parse_upstream)]
+    pub upstreams: Vec<String>,
+    /// Seconds to wait for an upstream's response headers (bodies such as SSE are not
+    /// covered); a long-poll gets at least its `timeout_ms` plus 2 s.
+    #[arg(long, default_value_t = 30)]
+    pub response_header_timeout: u64,
+    /// Seconds per TCP connect to an upstream.
+    #[arg(long, default_value_t = 5)]
+    pub connect_timeout: u64,
+    /// Largest request body (bodies are buffered to replay them after a redirect); larger:
+    /// 413. Every route but single-request snapshot publishes.
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_request_body_bytes: u64,
+    /// Largest body of a single-request snapshot publish; larger: 413.
+    #[arg(long, default_value_t = 128 << 20)]
+    pub max_snapshot_request_body_bytes: u64,
+    /// Seconds in-flight requests may take to finish after SIGTERM.
+    #[arg(long, default_value_t = 3600)]
+    pub graceful_shutdown_timeout: u64,
+    /// An origin browsers may call from (repeatable), or `*`. Unset: no CORS headers at all.
+    #[arg(long = "cors-allowed-origin")]
+    pub cors_allowed_origins: Vec<String>,
+}
+
+impl GatewayArgs {
+    pub fn response_header_timeout(&self) -> Duration {
+        Duration::from_secs(self.response_header_timeout.max(1))
+    }
+}
+
+/// `http://host:port` (a trailing `/` is dropped); anything else is refused at start-up.
+fn parse_upstream(s: &str) -> Result<String, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    let ok = uri.scheme_str() == Some("http")
+        && uri.authority().is_some()
+        && uri
+            .path_and_query()
+            .is_none_or(|p| p.as_str() == "/" || p.as_str().is_empty());
+    if !ok {
+        return Err(format!("{s:?}: an upstream is http://host:port"));
+    }
+    Ok(s.trim_end_matches('/').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_are_plain_http_origins() {
+        assert_eq!(
+            parse_upstream("http://127.0.0.1:4437/").as_deref(),
+            Ok("http://127.0.0.1:4437")
+        );
+        for bad in ["127.0.0.1:4437", "https://a:1", "http://a:1/x", "ftp://a"] {
+            assert!(parse_upstream(bad).is_err(), "{bad}");
+        }
+    }
+}
