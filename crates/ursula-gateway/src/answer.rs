@@ -6,12 +6,12 @@ use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 
 /// The body of every answer: an upstream's, streamed, or the gateway's own.
-pub type Body = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, hyper::Error>;
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
-        .boxed()
+        .boxed_unsync()
 }
 
 /// `status` with `{"error":{"code":code,"message":message}}`.

@@ -33,6 +33,19 @@ pub struct GatewayArgs {
     /// An origin browsers may call from (repeatable), or `*`. Unset: no CORS headers at all.
     #[arg(long = "cors-allowed-origin")]
     pub cors_allowed_origins: Vec<String>,
+    /// Turns access control on: the issuer of the access tokens accepted (`iss`, exact).
+    /// Requires `--auth-audience` and `--auth-policy`.
+    #[arg(long, env = "URSULAGW_AUTH_ISSUER", requires_all = ["auth_audience", "auth_policy"])]
+    pub auth_issuer: Option<String>,
+    /// The audience (`aud`) access tokens must name.
+    #[arg(long, env = "URSULAGW_AUTH_AUDIENCE", requires = "auth_issuer")]
+    pub auth_audience: Option<String>,
+    /// The issuer's JWKS URL [default: RFC 8414 discovery from the issuer].
+    #[arg(long, env = "URSULAGW_AUTH_JWKS_URL", requires = "auth_issuer")]
+    pub auth_jwks_url: Option<String>,
+    /// The bucket policy (TOML: `[[bucket]] id, public_read, owners = [{issuer, subject}]`).
+    #[arg(long, env = "URSULAGW_AUTH_POLICY", requires = "auth_issuer")]
+    pub auth_policy: Option<std::path::PathBuf>,
 }
 
 impl GatewayArgs {

@@ -1,8 +1,8 @@
 //! `ursulagw`: a stateless HTTP/SSE reverse proxy in front of an Ursula cluster (cluster.md
 //! §12). Clients talk to it as to one node: it sends each request to the leader of the
 //! stream's group (learned from the nodes' `307`s and cached), so node addresses never reach
-//! clients, and it owns CORS. Without access control (not built yet) it is a trusted
-//! pass-through.
+//! clients, and it owns CORS. With `--auth-issuer` it admits requests by access token and
+//! bucket policy; without, it is a trusted pass-through.
 //!
 //! - `config`: flags.
 //! - `serve`: the listener and graceful shutdown.
@@ -10,15 +10,21 @@
 //!   rewrite the answer.
 //! - `leaders`: the leader cache.
 //! - `cors`: the gateway's CORS policy.
+//! - `auth`, `policy`, `classify`: access tokens, the bucket policy, and what a request does.
+//! - `expiry`: an SSE answer that ends when its credential expires.
 //! - `answer`: the JSON error answers the gateway makes itself.
 //! - `metrics`: `GET /__ursula/gateway/metrics`.
 
 mod answer;
+mod auth;
+mod classify;
 pub mod config;
 mod cors;
+mod expiry;
 mod headers;
 mod leaders;
 mod metrics;
+mod policy;
 mod proxy;
 mod serve;
 
@@ -43,7 +49,7 @@ pub async fn main(args: GatewayArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, upstreams = ?args.upstreams, "ursulagw listening");
-    let gw = Gateway::new(args);
+    let gw = Gateway::new(args).map_err(|e| anyhow::anyhow!(e))?;
     run(gw, listener, stop_signal()).await;
     tracing::info!("stopped");
     Ok(())

@@ -7,7 +7,7 @@ use crate::answer::{self, Body};
 use crate::headers;
 use crate::leaders::key_of;
 use crate::metrics::inc;
-use crate::serve::Gateway;
+use crate::serve::{Admitted, Gateway};
 use http::header::{self, HeaderMap, HeaderValue};
 use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 const MAX_HOPS: usize = 4;
 
 /// Sends `req` to the node that answers for it and returns that node's answer.
-pub async fn forward(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
+pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let limit = if single_snapshot_publish(&parts) {
         gw.args.max_snapshot_request_body_bytes
@@ -50,7 +50,10 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
         }
     };
     let key = key_of(parts.uri.path());
-    let upstream_headers = headers::upstream_request(&parts.headers);
+    let mut upstream_headers = headers::upstream_request(&parts.headers);
+    if admitted.strip_authorization {
+        upstream_headers.remove(header::AUTHORIZATION);
+    }
     let cached = key.as_deref().and_then(|k| gw.leaders.get(k));
     if key.is_some() {
         let c = match cached {
@@ -121,7 +124,14 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>) -> Response<Body> {
         {
             forget(gw, key.as_deref(), &origin);
         }
-        return answer(gw, resp, &origin, &parts.headers, &upstream_headers);
+        let resp = answer(gw, resp, &origin, &parts.headers, &upstream_headers);
+        return match admitted.expires_at {
+            Some(exp) if is_event_stream(resp.headers()) => {
+                let (parts, body) = resp.into_parts();
+                Response::from_parts(parts, crate::expiry::until(body, exp))
+            }
+            _ => resp,
+        };
     }
     let mut r = answer::error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -184,7 +194,12 @@ fn answer(
         gw.args.max_request_body_bytes,
         gw.args.max_snapshot_request_body_bytes,
     );
-    Response::from_parts(parts, body.boxed())
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+fn is_event_stream(hm: &HeaderMap) -> bool {
+    hm.get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
 /// A single-request snapshot publish (`PUT .../snapshot/{offset}` or `.../snapshot?record=`

@@ -2,10 +2,12 @@
 //! `--graceful-shutdown-timeout`.
 
 use crate::answer::{self, Body};
+use crate::auth::{Auth, Refused};
 use crate::config::GatewayArgs;
 use crate::cors::Cors;
 use crate::leaders::Leaders;
 use crate::metrics::{Metrics, inc};
+use crate::policy::Policy;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response};
@@ -29,25 +31,46 @@ pub struct Gateway {
     pub(crate) leaders: Leaders,
     pub(crate) metrics: Metrics,
     pub(crate) cors: Cors,
+    /// Access control, with `--auth-issuer`.
+    access: Option<(Auth, Policy)>,
     next: AtomicUsize,
 }
 
+/// What the gateway decided to do with a request it forwards.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Admitted {
+    /// Access control is on: the client's `Authorization` is the gateway's, never a node's.
+    pub strip_authorization: bool,
+    /// A live read authorized by a credential: its SSE answer ends at this `exp`.
+    pub expires_at: Option<u64>,
+}
+
 impl Gateway {
-    pub fn new(args: GatewayArgs) -> Arc<Gateway> {
+    /// Fails on an unreadable or invalid policy file.
+    pub fn new(args: GatewayArgs) -> Result<Arc<Gateway>, String> {
+        let access = match (&args.auth_issuer, &args.auth_audience, &args.auth_policy) {
+            (Some(iss), Some(aud), Some(policy)) => Some((
+                Auth::new(iss.clone(), aud.clone(), args.auth_jwks_url.clone())?,
+                Policy::load(policy)?,
+            )),
+            (None, ..) => None,
+            _ => return Err("--auth-issuer needs --auth-audience and --auth-policy".to_owned()),
+        };
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(Duration::from_secs(args.connect_timeout.max(1))));
         conn.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .build(conn);
-        Arc::new(Gateway {
+        Ok(Arc::new(Gateway {
             cors: Cors::new(&args.cors_allowed_origins),
             args,
             client,
             leaders: Leaders::default(),
             metrics: Metrics::default(),
+            access,
             next: AtomicUsize::new(0),
-        })
+        }))
     }
 
     /// The node for a request whose leader is not cached: each in turn.
@@ -74,10 +97,60 @@ impl Gateway {
             );
             r
         } else {
-            crate::proxy::forward(&self, req).await
+            self.admit(req).await
         };
         self.cors.apply(origin.as_ref(), resp.headers_mut());
         resp
+    }
+}
+
+impl Gateway {
+    /// Forwards `req` if its credential and the bucket policy allow it (cluster.md §12.3,
+    /// §12.4); without access control, always.
+    async fn admit(&self, req: Request<Incoming>) -> Response<Body> {
+        let Some((auth, policy)) = &self.access else {
+            return crate::proxy::forward(self, req, Admitted::default()).await;
+        };
+        let credential = match crate::auth::bearer(req.headers()) {
+            Ok(None) => None,
+            Ok(Some(token)) => match auth.verify(token).await {
+                Ok(c) => Some(c),
+                Err(r) => return refused(r),
+            },
+            Err(r) => return refused(r),
+        };
+        let what = crate::classify::classify(req.method(), req.uri().path(), req.uri().query());
+        let who = credential.as_ref().map(|c| &c.principal);
+        let Some(what) = what.filter(|w| policy.allows(&w.bucket, w.read_only, who)) else {
+            // The same answer as a missing resource, byte for byte, whatever was refused.
+            return answer::error(http::StatusCode::NOT_FOUND, "NOT_FOUND", "not found");
+        };
+        let admitted = Admitted {
+            strip_authorization: true,
+            expires_at: credential.filter(|_| what.live).map(|c| c.expires_at),
+        };
+        crate::proxy::forward(self, req, admitted).await
+    }
+}
+
+fn refused(r: Refused) -> Response<Body> {
+    match r {
+        Refused::Invalid(why) => {
+            let mut resp = answer::error(http::StatusCode::UNAUTHORIZED, "UNAUTHORIZED", &why);
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
+            resp
+        }
+        Refused::Unavailable(why) => {
+            tracing::warn!(error = %why, "the issuer's keys could not be fetched");
+            answer::error(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "AUTH_UNAVAILABLE",
+                "the access token could not be checked (the issuer's keys are unavailable)",
+            )
+        }
     }
 }
 

@@ -189,5 +189,234 @@ fn the_gateway_owns_cors_limits_and_its_errors() {
     let r = dead.req("GET", "/gwck/s", &[], b"");
     assert_eq!(r.status, 502);
     assert_eq!(r.json()["error"]["code"], "UPSTREAM_FAILED");
-    assert!(wait_until(T, || dead.req("GET", "/gwck/s", &[], b"").status == 502));
+    assert!(wait_until(T, || dead
+        .req("GET", "/gwck/s", &[], b"")
+        .status
+        == 502));
+}
+
+// ---- access control (cluster.md §12.3 to §12.5) ---------------------------------------------
+
+/// The test issuer: its private key and JWKS are fixtures made for these tests only.
+const ISSUER: &str = "https://issuer.test";
+const AUDIENCE: &str = "ursula-test";
+const KEY_PEM: &[u8] = include_bytes!("fixtures/gateway/issuer-key.pem");
+const JWKS: &str = include_str!("fixtures/gateway/jwks.json");
+const CONCEALED: &str = r#"{"error":{"code":"NOT_FOUND","message":"not found"}}"#;
+
+/// Serves `body` as JSON to every request on a loopback port, for the tests' lifetime.
+fn serve_json(body: &'static str) -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let _ = std::io::Read::read(&mut s, &mut buf);
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = std::io::Write::write_all(&mut s, head.as_bytes());
+            let _ = std::io::Write::write_all(&mut s, body.as_bytes());
+        }
+    });
+    addr
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// An access token for `sub`, valid for `ttl_s` seconds; `tweak` edits its header and claims.
+fn token(
+    sub: &str,
+    ttl_s: i64,
+    tweak: impl FnOnce(&mut jsonwebtoken::Header, &mut Value),
+) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    header.typ = Some("at+jwt".to_owned());
+    header.kid = Some("test-key-1".to_owned());
+    let mut claims = serde_json::json!({
+        "iss": ISSUER, "aud": AUDIENCE, "sub": sub, "client_id": "test-client",
+        "iat": now(), "exp": now() as i64 + ttl_s, "jti": format!("{sub}-{ttl_s}"),
+    });
+    tweak(&mut header, &mut claims);
+    let key = jsonwebtoken::EncodingKey::from_rsa_pem(KEY_PEM).unwrap();
+    jsonwebtoken::encode(&header, &claims, &key).unwrap()
+}
+
+fn secured(node: &Server, dir: &std::path::Path, jwks: SocketAddr) -> Gateway {
+    let policy = dir.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[bucket]]\nid = \"pubk\"\npublic_read = true\nowners = [{{ issuer = \"{ISSUER}\", subject = \"alice\" }}]\n\
+             [[bucket]]\nid = \"priv\"\nowners = [{{ issuer = \"{ISSUER}\", subject = \"alice\" }}]\n"
+        ),
+    )
+    .unwrap();
+    Gateway::start(
+        &[format!("http://{}", node.addr())],
+        &[
+            "--auth-issuer",
+            ISSUER,
+            "--auth-audience",
+            AUDIENCE,
+            "--auth-jwks-url",
+            &format!("http://{jwks}/jwks.json"),
+            "--auth-policy",
+            policy.to_str().unwrap(),
+        ],
+    )
+}
+
+#[test]
+fn owners_write_the_public_reads_and_everything_else_is_concealed() {
+    let node = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = secured(&node, dir.path(), serve_json(JWKS));
+    let alice = format!("Bearer {}", token("alice", 300, |_, _| {}));
+    let bob = format!("Bearer {}", token("bob", 300, |_, _| {}));
+    let text = ("Content-Type", "text/plain");
+    for b in ["pubk", "priv"] {
+        let r = gw.req(
+            "PUT",
+            &format!("/{b}/s"),
+            &[text, ("Authorization", &alice)],
+            b"hi",
+        );
+        assert_eq!(r.status, 201, "{b}: {}", r.text());
+    }
+    // The public reads a public bucket, anonymously or with any valid token.
+    assert_eq!(gw.req("GET", "/pubk/s?offset=-1", &[], b"").text(), "hi");
+    let r = gw.req("GET", "/pubk/s?offset=-1", &[("Authorization", &bob)], b"");
+    assert_eq!(r.status, 200);
+    // Everything else answers the same 404, byte for byte.
+    for (method, path, auth) in [
+        ("POST", "/pubk/s", None),
+        ("POST", "/pubk/s", Some(&bob)),
+        ("GET", "/priv/s?offset=-1", None),
+        ("GET", "/priv/s?offset=-1", Some(&bob)),
+        ("GET", "/nobody/s?offset=-1", Some(&alice)),
+        ("GET", "/__ursula/metrics", Some(&alice)),
+    ] {
+        let mut h = vec![text];
+        if let Some(a) = auth {
+            h.push(("Authorization", a.as_str()));
+        }
+        let r = gw.req(method, path, &h, b"x");
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (404, CONCEALED),
+            "{method} {path}"
+        );
+    }
+    let r = gw.req("POST", "/priv/s", &[text, ("Authorization", &alice)], b"!");
+    assert_eq!(r.status, 204);
+    let r = gw.req(
+        "GET",
+        "/priv/s?offset=-1",
+        &[("Authorization", &alice)],
+        b"",
+    );
+    assert_eq!(r.text(), "hi!");
+}
+
+#[test]
+fn bad_tokens_answer_401_and_an_unreachable_issuer_503() {
+    let node = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = secured(&node, dir.path(), serve_json(JWKS));
+    let bad = [
+        "Basic YWxpY2U6cHc=".to_owned(),
+        "Bearer ".to_owned(),
+        "Bearer not.a.jwt".to_owned(),
+        format!("Bearer {}", token("alice", -120, |_, _| {})),
+        format!(
+            "Bearer {}",
+            token("alice", 300, |h, _| h.typ = Some("JWT".to_owned()))
+        ),
+        format!(
+            "Bearer {}",
+            token("alice", 300, |_, c| c["aud"] = "other".into())
+        ),
+        format!(
+            "Bearer {}",
+            token("alice", 300, |_, c| c["iss"] = "https://evil.test".into())
+        ),
+        format!(
+            "Bearer {}",
+            token("alice", 300, |_, c| drop(
+                c.as_object_mut().unwrap().remove("jti")
+            ))
+        ),
+        format!(
+            "Bearer {}",
+            token("alice", 300, |h, _| h.kid = Some("unknown".to_owned()))
+        ),
+    ];
+    for auth in &bad {
+        let r = gw.req("GET", "/pubk/s?offset=-1", &[("Authorization", auth)], b"");
+        assert_eq!(r.status, 401, "{auth}: {}", r.text());
+        assert_eq!(r.json()["error"]["code"], "UNAUTHORIZED");
+        assert_eq!(
+            r.header("www-authenticate"),
+            Some("Bearer error=\"invalid_token\"")
+        );
+    }
+    // No JWKS to be had: the token cannot be checked, which is not the client's fault.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let gw = secured(&node, dir.path(), port);
+    let alice = format!("Bearer {}", token("alice", 300, |_, _| {}));
+    let r = gw.req(
+        "GET",
+        "/pubk/s?offset=-1",
+        &[("Authorization", &alice)],
+        b"",
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "AUTH_UNAVAILABLE");
+}
+
+#[test]
+fn a_live_read_ends_when_its_credential_expires() {
+    let node = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let gw = secured(&node, dir.path(), serve_json(JWKS));
+    let alice = format!("Bearer {}", token("alice", 300, |_, _| {}));
+    let text = ("Content-Type", "text/plain");
+    let r = gw.req(
+        "PUT",
+        "/priv/live",
+        &[text, ("Authorization", &alice)],
+        b"a",
+    );
+    assert_eq!(r.status, 201);
+    // Valid for two more seconds: the SSE answer ends then, with the event that says why.
+    let brief = format!("Bearer {}", token("alice", 2, |_, _| {}));
+    let started = std::time::Instant::now();
+    let r = gw.req(
+        "GET",
+        "/priv/live?offset=-1&live=sse",
+        &[("Authorization", &brief)],
+        b"",
+    );
+    assert_eq!(r.status, 200);
+    let body = r.text();
+    assert!(body.contains("event: data"), "{body}");
+    assert!(
+        body.ends_with("event: credential-expired\ndata:{\"reason\":\"credential_expired\"}\n\n"),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 }
