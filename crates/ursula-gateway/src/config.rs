@@ -46,6 +46,11 @@ pub struct GatewayArgs {
     /// The bucket policy (TOML: `[[bucket]] id, public_read, owners = [{issuer, subject}]`).
     #[arg(long, env = "URSULAGW_AUTH_POLICY", requires = "auth_issuer")]
     pub auth_policy: Option<std::path::PathBuf>,
+    /// Per-tenant admission limits (TOML: `[default]` and `[[bucket]] id`, each with
+    /// `requests_per_sec`, `max_concurrent_live_reads`, `max_request_body_bytes`). Needs
+    /// access control.
+    #[arg(long, env = "URSULAGW_QUOTA_POLICY", requires = "auth_issuer")]
+    pub quota_policy: Option<std::path::PathBuf>,
 }
 
 impl GatewayArgs {

@@ -12,6 +12,7 @@
 //! - `cors`: the gateway's CORS policy.
 //! - `auth`, `policy`, `classify`: access tokens, the bucket policy, and what a request does.
 //! - `expiry`: an SSE answer that ends when its credential expires.
+//! - `quota`: per-tenant request rate, concurrent live reads and body size.
 //! - `answer`: the JSON error answers the gateway makes itself.
 //! - `metrics`: `GET /__ursula/gateway/metrics`.
 
@@ -26,6 +27,7 @@ mod leaders;
 mod metrics;
 mod policy;
 mod proxy;
+mod quota;
 mod serve;
 
 pub use config::GatewayArgs;

@@ -22,11 +22,13 @@ const MAX_HOPS: usize = 4;
 /// Sends `req` to the node that answers for it and returns that node's answer.
 pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -> Response<Body> {
     let (parts, body) = req.into_parts();
+    let tenant_cap = admitted.body_cap.unwrap_or(u64::MAX);
     let limit = if single_snapshot_publish(&parts) {
         gw.args.max_snapshot_request_body_bytes
     } else {
         gw.args.max_request_body_bytes
-    };
+    }
+    .min(tenant_cap);
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -124,13 +126,28 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
         {
             forget(gw, key.as_deref(), &origin);
         }
-        let resp = answer(gw, resp, &origin, &parts.headers, &upstream_headers);
-        return match admitted.expires_at {
+        let resp = answer(
+            gw,
+            resp,
+            &origin,
+            &parts.headers,
+            &upstream_headers,
+            tenant_cap,
+        );
+        let resp = match admitted.expires_at {
             Some(exp) if is_event_stream(resp.headers()) => {
                 let (parts, body) = resp.into_parts();
                 Response::from_parts(parts, crate::expiry::until(body, exp))
             }
             _ => resp,
+        };
+        return match admitted.slot {
+            Some(slot) => {
+                let (parts, body) = resp.into_parts();
+                let held = crate::quota::Held { body, _slot: slot };
+                Response::from_parts(parts, BodyExt::boxed_unsync(held))
+            }
+            None => resp,
         };
     }
     let mut r = answer::error(
@@ -161,6 +178,7 @@ fn answer(
     origin: &str,
     client: &HeaderMap,
     sent: &HeaderMap,
+    tenant_cap: u64,
 ) -> Response<Body> {
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
@@ -191,8 +209,8 @@ fn answer(
     }
     headers::advertise_limits(
         &mut parts.headers,
-        gw.args.max_request_body_bytes,
-        gw.args.max_snapshot_request_body_bytes,
+        gw.args.max_request_body_bytes.min(tenant_cap),
+        gw.args.max_snapshot_request_body_bytes.min(tenant_cap),
     );
     Response::from_parts(parts, body.boxed_unsync())
 }

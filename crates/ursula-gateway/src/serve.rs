@@ -33,16 +33,22 @@ pub struct Gateway {
     pub(crate) cors: Cors,
     /// Access control, with `--auth-issuer`.
     access: Option<(Auth, Policy)>,
+    /// Admission limits, with `--quota-policy`.
+    quotas: Option<crate::quota::Quotas>,
     next: AtomicUsize,
 }
 
 /// What the gateway decided to do with a request it forwards.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Default)]
 pub(crate) struct Admitted {
     /// Access control is on: the client's `Authorization` is the gateway's, never a node's.
     pub strip_authorization: bool,
     /// A live read authorized by a credential: its SSE answer ends at this `exp`.
     pub expires_at: Option<u64>,
+    /// The tenant's body cap, under the gateway's own.
+    pub body_cap: Option<u64>,
+    /// The tenant's live-read slot, held until the answer ends.
+    pub slot: Option<crate::quota::Slot>,
 }
 
 impl Gateway {
@@ -55,6 +61,13 @@ impl Gateway {
             )),
             (None, ..) => None,
             _ => return Err("--auth-issuer needs --auth-audience and --auth-policy".to_owned()),
+        };
+        let quotas = match &args.quota_policy {
+            Some(_) if access.is_none() => {
+                return Err("--quota-policy needs access control (--auth-issuer)".to_owned());
+            }
+            Some(p) => Some(crate::quota::Quotas::load(p)?),
+            None => None,
         };
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(Duration::from_secs(args.connect_timeout.max(1))));
@@ -69,6 +82,7 @@ impl Gateway {
             leaders: Leaders::default(),
             metrics: Metrics::default(),
             access,
+            quotas,
             next: AtomicUsize::new(0),
         }))
     }
@@ -125,11 +139,50 @@ impl Gateway {
             // The same answer as a missing resource, byte for byte, whatever was refused.
             return answer::error(http::StatusCode::NOT_FOUND, "NOT_FOUND", "not found");
         };
-        let admitted = Admitted {
+        let mut admitted = Admitted {
             strip_authorization: true,
             expires_at: credential.filter(|_| what.live).map(|c| c.expires_at),
+            ..Admitted::default()
         };
+        if let Some(q) = &self.quotas {
+            let over = q
+                .take(&what.bucket, std::time::Instant::now())
+                .and_then(|()| {
+                    admitted.slot = if what.live {
+                        q.live_read(&what.bucket)?
+                    } else {
+                        None
+                    };
+                    Ok(())
+                });
+            if let Err(over) = over {
+                return limited(over);
+            }
+            admitted.body_cap = q.limits(&what.bucket).max_request_body_bytes;
+        }
         crate::proxy::forward(self, req, admitted).await
+    }
+}
+
+fn limited(over: crate::quota::Over) -> Response<Body> {
+    use crate::quota::Over;
+    let status = http::StatusCode::TOO_MANY_REQUESTS;
+    match over {
+        Over::Rate { retry_after_s } => {
+            let mut r = answer::error(
+                status,
+                "RATE_LIMITED",
+                "this bucket's request rate at this gateway is exhausted; retry after Retry-After",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_s));
+            r
+        }
+        Over::LiveReads => answer::error(
+            status,
+            "LIVE_READS_EXHAUSTED",
+            "this bucket holds as many live reads at this gateway as it may",
+        ),
     }
 }
 

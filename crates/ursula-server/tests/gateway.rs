@@ -7,7 +7,7 @@
 mod common;
 
 use common::cluster::{Cluster, ClusterSpec};
-use common::{Server, strip_ansi, try_request, wait_until};
+use common::{Server, SseStream, strip_ansi, try_request, wait_until};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -249,6 +249,10 @@ fn token(
 }
 
 fn secured(node: &Server, dir: &std::path::Path, jwks: SocketAddr) -> Gateway {
+    secured_with(node, dir, jwks, &[])
+}
+
+fn secured_with(node: &Server, dir: &std::path::Path, jwks: SocketAddr, extra: &[&str]) -> Gateway {
     let policy = dir.join("policy.toml");
     std::fs::write(
         &policy,
@@ -258,19 +262,86 @@ fn secured(node: &Server, dir: &std::path::Path, jwks: SocketAddr) -> Gateway {
         ),
     )
     .unwrap();
-    Gateway::start(
-        &[format!("http://{}", node.addr())],
-        &[
-            "--auth-issuer",
-            ISSUER,
-            "--auth-audience",
-            AUDIENCE,
-            "--auth-jwks-url",
-            &format!("http://{jwks}/jwks.json"),
-            "--auth-policy",
-            policy.to_str().unwrap(),
-        ],
+    let jwks_url = format!("http://{jwks}/jwks.json");
+    let mut args = vec![
+        "--auth-issuer",
+        ISSUER,
+        "--auth-audience",
+        AUDIENCE,
+        "--auth-jwks-url",
+        &jwks_url,
+        "--auth-policy",
+        policy.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Gateway::start(&[format!("http://{}", node.addr())], &args)
+}
+
+#[test]
+fn tenants_are_held_to_their_rate_live_reads_and_body_size() {
+    let node = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let quotas = dir.path().join("quotas.toml");
+    std::fs::write(
+        &quotas,
+        "[default]\nrequests_per_sec = 1000\n\
+         [[bucket]]\nid = \"pubk\"\nrequests_per_sec = 1\n\
+         [[bucket]]\nid = \"priv\"\nmax_concurrent_live_reads = 1\nmax_request_body_bytes = 100\n",
     )
+    .unwrap();
+    let gw = secured_with(
+        &node,
+        dir.path(),
+        serve_json(JWKS),
+        &["--quota-policy", quotas.to_str().unwrap()],
+    );
+    let alice = format!("Bearer {}", token("alice", 300, |_, _| {}));
+    let auth = ("Authorization", alice.as_str());
+    let text = ("Content-Type", "text/plain");
+
+    // One request a second for `pubk`: the next one waits for its token.
+    assert_eq!(gw.req("PUT", "/pubk/s", &[text, auth], b"x").status, 201);
+    let r = gw.req("GET", "/pubk/s?offset=-1", &[], b"");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "RATE_LIMITED");
+    assert_eq!(r.header("retry-after"), Some("1"));
+
+    // `priv` takes bodies of 100 bytes at most, and says so.
+    assert_eq!(gw.req("PUT", "/priv/s", &[text, auth], b"").status, 201);
+    let head = gw.req("HEAD", "/priv/s", &[auth], b"");
+    assert_eq!(head.header("ursula-max-request-bytes"), Some("100"));
+    let r = gw.req("POST", "/priv/s", &[text, auth], &[b'a'; 101]);
+    assert_eq!(r.status, 413);
+    assert_eq!(
+        gw.req("POST", "/priv/s", &[text, auth], &[b'a'; 100])
+            .status,
+        204
+    );
+
+    // One live read at a time: a second one is refused while the first is open.
+    let held = SseStream::open_with(gw.addr, "/priv/s?offset=-1&live=sse", &[auth]).unwrap();
+    assert_eq!(held.status, 200);
+    let r = gw.req(
+        "GET",
+        "/priv/s?offset=100&live=long-poll&timeout_ms=50",
+        &[auth],
+        b"",
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "LIVE_READS_EXHAUSTED");
+    assert_eq!(r.header("retry-after"), None);
+    // Its slot comes back once the client goes away.
+    drop(held);
+    assert!(wait_until(T, || {
+        gw.req(
+            "GET",
+            "/priv/s?offset=100&live=long-poll&timeout_ms=50",
+            &[auth],
+            b"",
+        )
+        .status
+            == 204
+    }));
 }
 
 #[test]

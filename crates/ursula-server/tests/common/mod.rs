@@ -934,8 +934,19 @@ pub struct SseStream {
 impl SseStream {
     /// Opens `GET path` and reads the response head.
     pub fn open(addr: SocketAddr, path: &str) -> io::Result<SseStream> {
+        Self::open_with(addr, path, &[])
+    }
+
+    /// [`SseStream::open`] with extra request headers.
+    pub fn open_with(
+        addr: SocketAddr,
+        path: &str,
+        extra: &[(&str, &str)],
+    ) -> io::Result<SseStream> {
         let mut conn = Conn::open(addr, REQUEST_TIMEOUT)?;
-        let req = build_request(addr, "GET", path, &[("Accept", "text/event-stream")], b"");
+        let mut headers = vec![("Accept", "text/event-stream")];
+        headers.extend_from_slice(extra);
+        let req = build_request(addr, "GET", path, &headers, b"");
         conn.write_raw(&req)?;
         let (status, _reason, headers) = conn.read_head()?;
         let chunked = headers
