@@ -5,10 +5,35 @@
 
 use http::Method;
 
+/// The usage class of a request (cluster.md §12.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// Append, AppendAndClose, Create, CreateAndClose.
+    Append,
+    /// Read, Head, ReadSnapshot.
+    Read,
+    /// Tail: a live read.
+    LiveRead,
+    /// Update, Delete, PublishSnapshot, DeleteSnapshot, AdministerBucket.
+    Admin,
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Append => "append",
+            Class::Read => "read",
+            Class::LiveRead => "live_read",
+            Class::Admin => "admin",
+        }
+    }
+}
+
 /// A classified request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     pub bucket: String,
+    pub class: Class,
     pub read_only: bool,
     /// A live read (`live` non-empty): its SSE answer ends when the credential expires.
     pub live: bool,
@@ -38,8 +63,10 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> Option<Acce
             .filter_map(|p| p.split_once('='))
             .any(|(k, v)| k == "live" && !v.is_empty());
     if let Some(name) = path.strip_prefix("/v1/stream/") {
+        let class = class_of(method, read_only, live, false);
         return (!name.is_empty() && !name.contains("/__")).then(|| Access {
             bucket: "__compat_v1".to_owned(),
+            class,
             read_only,
             live,
             stream: true,
@@ -65,12 +92,34 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> Option<Acce
     if segs.len() > 3 && !segs[2..4].iter().any(|s| SUBRESOURCES.contains(s)) {
         return None;
     }
+    let sub = segs.len() > 2
+        && segs[2..]
+            .iter()
+            .any(|s| *s != "append-batch" && SUBRESOURCES.contains(s));
+    let class = if stream {
+        class_of(method, read_only, live, sub)
+    } else {
+        Class::Admin
+    };
     Some(Access {
         bucket,
+        class,
         read_only,
         live,
         stream,
     })
+}
+
+/// A stream route's class: writes to the stream itself (not a subresource, not a delete)
+/// append; an `append-batch` appends too.
+fn class_of(method: &Method, read_only: bool, live: bool, sub: bool) -> Class {
+    match (read_only, live) {
+        (true, true) => Class::LiveRead,
+        (true, false) => Class::Read,
+        (false, _) if *method == Method::DELETE => Class::Admin,
+        (false, _) if sub => Class::Admin,
+        (false, _) => Class::Append,
+    }
 }
 
 #[cfg(test)]
@@ -114,5 +163,28 @@ mod tests {
         assert!(live.is_some_and(|a| a.live));
         let not_live = classify(&Method::GET, "/t/s", Some("offset=-1&live="));
         assert!(not_live.is_some_and(|a| !a.live));
+        let class = |m: Method, p: &str, q: Option<&str>| classify(&m, p, q).map(|a| a.class);
+        assert_eq!(class(Method::POST, "/t/s", None), Some(Class::Append));
+        assert_eq!(class(Method::PUT, "/t/s", None), Some(Class::Append));
+        assert_eq!(class(Method::PUT, "/t/aff/s", None), Some(Class::Append));
+        assert_eq!(
+            class(Method::GET, "/t/s", Some("live=sse")),
+            Some(Class::LiveRead)
+        );
+        assert_eq!(class(Method::HEAD, "/t/s", None), Some(Class::Read));
+        assert_eq!(class(Method::DELETE, "/t/s", None), Some(Class::Admin));
+        assert_eq!(
+            class(Method::PUT, "/t/s/retention/5", None),
+            Some(Class::Admin)
+        );
+        assert_eq!(
+            class(Method::PUT, "/t/s/snapshot/5", None),
+            Some(Class::Admin)
+        );
+        assert_eq!(class(Method::PUT, "/t", None), Some(Class::Admin));
+        assert_eq!(
+            class(Method::POST, "/t/s/append-batch", None),
+            Some(Class::Append)
+        );
     }
 }

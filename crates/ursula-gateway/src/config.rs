@@ -51,6 +51,15 @@ pub struct GatewayArgs {
     /// access control.
     #[arg(long, env = "URSULAGW_QUOTA_POLICY", requires = "auth_issuer")]
     pub quota_policy: Option<std::path::PathBuf>,
+    /// Append usage batches (JSON lines) to this file. Needs access control.
+    #[arg(long, env = "URSULAGW_USAGE_LOG", requires = "auth_issuer")]
+    pub usage_log: Option<std::path::PathBuf>,
+    /// Seconds between usage batches.
+    #[arg(long, default_value_t = 30)]
+    pub usage_flush_secs: u64,
+    /// Write-unit size of the `chunks` counter of the append class [default: not counted].
+    #[arg(long)]
+    pub usage_chunk_bytes: Option<u64>,
 }
 
 impl GatewayArgs {

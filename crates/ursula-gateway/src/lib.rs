@@ -13,6 +13,7 @@
 //! - `auth`, `policy`, `classify`: access tokens, the bucket policy, and what a request does.
 //! - `expiry`: an SSE answer that ends when its credential expires.
 //! - `quota`: per-tenant request rate, concurrent live reads and body size.
+//! - `usage`: usage metering into a JSON-lines file.
 //! - `answer`: the JSON error answers the gateway makes itself.
 //! - `metrics`: `GET /__ursula/gateway/metrics`.
 
@@ -29,6 +30,7 @@ mod policy;
 mod proxy;
 mod quota;
 mod serve;
+mod usage;
 
 pub use config::GatewayArgs;
 pub use serve::{Gateway, run};

@@ -51,6 +51,9 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
             );
         }
     };
+    if let Some((usage, key)) = &admitted.usage {
+        usage.request(key, body.len() as u64);
+    }
     let key = key_of(parts.uri.path());
     let mut upstream_headers = headers::upstream_request(&parts.headers);
     if admitted.strip_authorization {
@@ -134,6 +137,13 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
             &upstream_headers,
             tenant_cap,
         );
+        let resp = match admitted.usage {
+            Some((usage, key)) => {
+                let (parts, body) = resp.into_parts();
+                Response::from_parts(parts, usage.metered(key, body))
+            }
+            None => resp,
+        };
         let resp = match admitted.expires_at {
             Some(exp) if is_event_stream(resp.headers()) => {
                 let (parts, body) = resp.into_parts();

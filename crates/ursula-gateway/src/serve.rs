@@ -35,6 +35,8 @@ pub struct Gateway {
     access: Option<(Auth, Policy)>,
     /// Admission limits, with `--quota-policy`.
     quotas: Option<crate::quota::Quotas>,
+    /// Usage metering, with `--usage-log`.
+    usage: Option<Arc<crate::usage::Usage>>,
     next: AtomicUsize,
 }
 
@@ -49,6 +51,8 @@ pub(crate) struct Admitted {
     pub body_cap: Option<u64>,
     /// The tenant's live-read slot, held until the answer ends.
     pub slot: Option<crate::quota::Slot>,
+    /// Where the request and its answer's bytes are counted (`--usage-log`).
+    pub usage: Option<(Arc<crate::usage::Usage>, crate::usage::Key)>,
 }
 
 impl Gateway {
@@ -69,6 +73,16 @@ impl Gateway {
             Some(p) => Some(crate::quota::Quotas::load(p)?),
             None => None,
         };
+        let usage = match &args.usage_log {
+            Some(_) if access.is_none() => {
+                return Err("--usage-log needs access control (--auth-issuer)".to_owned());
+            }
+            Some(p) => Some(Arc::new(crate::usage::Usage::new(
+                p.clone(),
+                args.usage_chunk_bytes,
+            ))),
+            None => None,
+        };
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(Duration::from_secs(args.connect_timeout.max(1))));
         conn.set_nodelay(true);
@@ -83,6 +97,7 @@ impl Gateway {
             metrics: Metrics::default(),
             access,
             quotas,
+            usage,
             next: AtomicUsize::new(0),
         }))
     }
@@ -139,9 +154,18 @@ impl Gateway {
             // The same answer as a missing resource, byte for byte, whatever was refused.
             return answer::error(http::StatusCode::NOT_FOUND, "NOT_FOUND", "not found");
         };
+        let usage = self.usage.as_ref().map(|u| {
+            let key = crate::usage::Key {
+                bucket: what.bucket.clone(),
+                principal: credential.as_ref().map(|c| c.principal.clone()),
+                class: what.class,
+            };
+            (Arc::clone(u), key)
+        });
         let mut admitted = Admitted {
             strip_authorization: true,
             expires_at: credential.filter(|_| what.live).map(|c| c.expires_at),
+            usage,
             ..Admitted::default()
         };
         if let Some(q) = &self.quotas {
@@ -211,6 +235,18 @@ fn refused(r: Refused) -> Response<Body> {
 /// `--graceful-shutdown-timeout`).
 pub async fn run(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let flusher = gw.usage.clone().map(|u| {
+        let every = Duration::from_secs(gw.args.usage_flush_secs.max(1));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let u = Arc::clone(&u);
+                let _ = tokio::task::spawn_blocking(move || u.flush()).await;
+            }
+        })
+    });
     tokio::pin!(shutdown);
     loop {
         let stream = tokio::select! {
@@ -247,5 +283,10 @@ pub async fn run(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<
         .is_err()
     {
         tracing::warn!("drain timed out; closing the remaining connections");
+    }
+    // The last window's usage is written before the process ends.
+    if let (Some(f), Some(u)) = (flusher, gw.usage.clone()) {
+        f.abort();
+        let _ = tokio::task::spawn_blocking(move || u.flush()).await;
     }
 }

@@ -491,3 +491,69 @@ fn a_live_read_ends_when_its_credential_expires() {
         started.elapsed()
     );
 }
+
+#[test]
+fn usage_is_metered_per_bucket_principal_and_class() {
+    let node = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("usage.jsonl");
+    let gw = secured_with(
+        &node,
+        dir.path(),
+        serve_json(JWKS),
+        &[
+            "--usage-log",
+            log.to_str().unwrap(),
+            "--usage-flush-secs",
+            "1",
+            "--usage-chunk-bytes",
+            "4",
+        ],
+    );
+    let alice = format!("Bearer {}", token("alice", 300, |_, _| {}));
+    let auth = ("Authorization", alice.as_str());
+    let text = ("Content-Type", "text/plain");
+    assert_eq!(gw.req("PUT", "/pubk/u", &[text, auth], b"").status, 201);
+    assert_eq!(
+        gw.req("POST", "/pubk/u", &[text, auth], b"0123456789")
+            .status,
+        204
+    );
+    assert_eq!(
+        gw.req("GET", "/pubk/u?offset=-1", &[], b"").text(),
+        "0123456789"
+    );
+    let mut records = Vec::new();
+    assert!(wait_until(Duration::from_secs(15), || {
+        records = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .flat_map(|l| {
+                let b: Value = serde_json::from_str(l).unwrap();
+                assert!(
+                    b["sequence"].as_u64().is_some() && b["window_end_unix_ms"].as_u64().is_some()
+                );
+                b["records"].as_array().cloned().unwrap_or_default()
+            })
+            .collect();
+        records.iter().any(|r| r["class"] == "read")
+    }));
+    let find = |class: &str, subject: Option<&str>| {
+        records
+            .iter()
+            .filter(|r| r["class"] == class && r["subject"].as_str() == subject)
+            .fold((0, 0, 0, 0), |a, r| {
+                let n = |k: &str| r[k].as_u64().unwrap_or(0);
+                (
+                    a.0 + n("requests"),
+                    a.1 + n("request_bytes"),
+                    a.2 + n("chunks"),
+                    a.3 + n("response_bytes"),
+                )
+            })
+    };
+    // The create and the append, by alice: 10 bytes in, 1 + 3 chunks of 4 bytes.
+    assert_eq!(find("append", Some("alice")), (2, 10, 4, 0));
+    // The anonymous read: the 10 bytes it was sent.
+    assert_eq!(find("read", None), (1, 0, 0, 10));
+}
