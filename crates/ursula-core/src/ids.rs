@@ -84,6 +84,30 @@ pub fn escape_compat_name(name: &str) -> String {
     name.replace('%', "%25").replace('/', "%2F")
 }
 
+/// Percent-decodes one path segment, borrowing it when it has nothing to decode; `None` when
+/// an escape is malformed or the result is not UTF-8. Nodes and the gateway decode alike, so
+/// that both derive the same [`StreamKey`] (and group) from a path.
+pub fn pct_decode(seg: &str) -> Option<std::borrow::Cow<'_, str>> {
+    if !seg.contains('%') {
+        return Some(std::borrow::Cow::Borrowed(seg));
+    }
+    let b = seg.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b.get(i + 1..i + 3)?;
+            let s = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(s, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok().map(std::borrow::Cow::Owned)
+}
+
 /// Reverses [`escape_compat_name`].
 pub fn unescape_compat_id(id: &str) -> String {
     id.replace("%2F", "/").replace("%25", "%")

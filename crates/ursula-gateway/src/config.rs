@@ -17,6 +17,10 @@ pub struct GatewayArgs {
     /// covered); a long-poll gets at least its `timeout_ms` plus 2 s.
     #[arg(long, default_value_t = 30)]
     pub response_header_timeout: u64,
+    /// The cluster's group count: the leader cache then keeps one leader per Raft group (every
+    /// stream of a group shares it) instead of one per stream.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub raft_group_count: Option<u32>,
     /// Seconds per TCP connect to an upstream.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,

@@ -45,19 +45,31 @@ impl Leaders {
     }
 }
 
-/// The cache key of a request path: `bucket/stream` of a native path (its subresources
-/// included), `__compat_v1/{name}` of a compatibility one; `None` for a bucket's own routes and
-/// operational ones, which any node answers.
-pub fn key_of(path: &str) -> Option<String> {
-    if let Some(name) = path.strip_prefix("/v1/stream/") {
-        return (!name.is_empty()).then(|| format!("__compat_v1/{name}"));
-    }
-    let mut segs = path.trim_start_matches('/').split('/');
-    let bucket = segs
-        .next()
-        .filter(|b| !b.is_empty() && !b.starts_with("__"))?;
-    let stream = segs.next().filter(|s| !s.is_empty())?;
-    Some(format!("{bucket}/{stream}"))
+/// The cache key of a request path: the stream key a node derives from it (`bucket/stream`,
+/// percent-decoded, of a native path and its subresources; `__compat_v1/{escaped name}` of a
+/// compatibility one), or with `groups` its Raft group, `group:{id}`. `None` for a bucket's own
+/// routes and operational ones, which any node answers, and for a path no node would accept.
+pub fn key_of(path: &str, groups: Option<u32>) -> Option<String> {
+    use ursula_core::ids::{escape_compat_name, group_of, pct_decode};
+    let key = if let Some(name) = path.strip_prefix("/v1/stream/") {
+        let parts: Option<Vec<_>> = name.split('/').map(pct_decode).collect();
+        let name = parts?.join("/");
+        if name.is_empty() {
+            return None;
+        }
+        format!("__compat_v1/{}", escape_compat_name(&name))
+    } else {
+        let mut segs = path.trim_start_matches('/').split('/');
+        let bucket = segs
+            .next()
+            .filter(|b| !b.is_empty() && !b.starts_with("__"))?;
+        let stream = segs.next().filter(|s| !s.is_empty())?;
+        format!("{}/{}", pct_decode(bucket)?, pct_decode(stream)?)
+    };
+    Some(match groups {
+        Some(n) => format!("group:{}", group_of(key.as_bytes(), n)),
+        None => key,
+    })
 }
 
 #[cfg(test)]
@@ -66,12 +78,27 @@ mod tests {
 
     #[test]
     fn a_stream_and_its_subresources_share_a_key() {
-        assert_eq!(key_of("/b/s").as_deref(), Some("b/s"));
-        assert_eq!(key_of("/b/s/snapshot/12").as_deref(), Some("b/s"));
-        assert_eq!(key_of("/v1/stream/a/b").as_deref(), Some("__compat_v1/a/b"));
-        assert_eq!(key_of("/b"), None);
-        assert_eq!(key_of("/__ursula/metrics"), None);
-        assert_eq!(key_of("/v1/stream/"), None);
+        let k = |p: &str| key_of(p, None);
+        assert_eq!(k("/b/s").as_deref(), Some("b/s"));
+        assert_eq!(k("/b/s/snapshot/12").as_deref(), Some("b/s"));
+        assert_eq!(k("/b/s%20x").as_deref(), Some("b/s x"));
+        assert_eq!(k("/v1/stream/a/b").as_deref(), Some("__compat_v1/a%2Fb"));
+        assert_eq!(k("/b"), None);
+        assert_eq!(k("/__ursula/metrics"), None);
+        assert_eq!(k("/v1/stream/"), None);
+        assert_eq!(k("/b/%ff"), None);
+    }
+
+    #[test]
+    fn with_a_group_count_streams_of_a_group_share_its_key() {
+        // The node's own hash of the node's own key (ursula_core::ids::StreamKey::group).
+        let node = ursula_core::ids::StreamKey::new("b", "s").group(4);
+        assert_eq!(key_of("/b/s", Some(4)), Some(format!("group:{node}")));
+        let compat = ursula_core::ids::StreamKey::new("__compat_v1", "a%2Fb").group(4);
+        assert_eq!(
+            key_of("/v1/stream/a/b", Some(4)),
+            Some(format!("group:{compat}"))
+        );
     }
 
     #[test]

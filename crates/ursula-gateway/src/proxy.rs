@@ -54,7 +54,7 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
     if let Some((usage, key)) = &admitted.usage {
         usage.request(key, body.len() as u64);
     }
-    let key = key_of(parts.uri.path());
+    let key = key_of(parts.uri.path(), gw.args.raft_group_count);
     let mut upstream_headers = headers::upstream_request(&parts.headers);
     if admitted.strip_authorization {
         upstream_headers.remove(header::AUTHORIZATION);

@@ -105,6 +105,15 @@ fn one_address_for_a_cluster_answers_from_each_leader_and_names_no_node() {
     assert!(m["leader_redirects"].as_u64().unwrap() > 0, "{m}");
     assert!(m["leader_cache_hits"].as_u64().unwrap() > 0, "{m}");
     assert!(m["leader_cache_entries"].as_u64().unwrap() >= 1, "{m}");
+    // With the group count, one leader per group is cached, whatever the number of streams.
+    let by_group = Gateway::start(&upstreams, &["--raft-group-count", "4"]);
+    for i in 0..12 {
+        let r = by_group.req("GET", &format!("/gwbk/s{i}?offset=-1"), &[], b"");
+        assert_eq!(r.text(), "first;second;");
+    }
+    let m = by_group.metrics();
+    let entries = m["leader_cache_entries"].as_u64().unwrap();
+    assert!((1..=4).contains(&entries), "{m}");
     let every_node = upstreams.iter().map(|u| u.trim_start_matches("http://"));
     for n in every_node {
         let r = gw.req("PUT", "/gwbk/again", &text, b"");

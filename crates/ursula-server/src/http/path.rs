@@ -48,24 +48,7 @@ pub fn pct_decode(seg: &str) -> Option<String> {
 
 /// [`pct_decode`], borrowing `seg` when it has nothing to decode (the common case).
 fn pct_decode_cow(seg: &str) -> Option<Cow<'_, str>> {
-    if !seg.contains('%') {
-        return Some(Cow::Borrowed(seg));
-    }
-    let b = seg.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b.get(i + 1..i + 3)?;
-            let s = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(s, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok().map(Cow::Owned)
+    ids::pct_decode(seg)
 }
 
 /// Percent-encodes a decoded segment for use in a path.
