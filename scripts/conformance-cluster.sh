@@ -118,31 +118,37 @@ for _ in $(seq 1 100); do
 done
 [[ -n $ADDR ]] || { logs; echo "the proxy did not start"; exit 1; }
 
-OUT=$TMP/conformance.out
-set +e
-"$CONF_DIR/run-conformance.sh" "http://$ADDR" 2>&1 | tee "$OUT"
-RC=${PIPESTATUS[0]}
-set -e
-LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
-PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
-FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
-SKIPPED=$(sed -n 's/.* skipped=\([0-9]*\).*/\1/p' <<<"$LINE")
+# Runs the suite against $1 (a label in $2); sets LINE and SKIPPED, exits unless it passed as
+# on one node (failed=0, passed>=332, and the expected skips).
+conformance() {
+  local out=$TMP/conformance-$2.out rc passed failed
+  set +e
+  "$CONF_DIR/run-conformance.sh" "http://$1" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  set -e
+  LINE=$(grep '^CONFORMANCE ' "$out" | tail -n1)
+  passed=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
+  failed=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
+  SKIPPED=$(sed -n 's/.* skipped=\([0-9]*\).*/\1/p' <<<"$LINE")
+  if [[ $rc -ne 0 || ${failed:-1} -ne 0 || ${passed:-0} -lt 332 ]]; then
+    logs
+    echo "conformance through the $2: expected failed=0 and passed>=332, got: $LINE"
+    exit 1
+  fi
+  if [[ -n $WANT_SKIPPED && $SKIPPED != "$WANT_SKIPPED" ]]; then
+    echo "conformance through the $2: skipped=$SKIPPED, on one node $WANT_SKIPPED"
+    exit 1
+  fi
+}
+
+conformance "$ADDR" follower
 FOLLOWED=$(grep -c 'followed 307' "$TMP/proxy.log" || true)
 echo "the proxy followed $FOLLOWED redirects; $(grep -c 'retrying 503' "$TMP/proxy.log" || true) elections waited out"
-if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
-  logs
-  echo "conformance through a follower: expected failed=0 and passed>=332, got: $LINE"
-  exit 1
-fi
-if [[ -n $WANT_SKIPPED && $SKIPPED != "$WANT_SKIPPED" ]]; then
-  echo "conformance through a follower: skipped=$SKIPPED, on one node $WANT_SKIPPED"
-  exit 1
-fi
 [[ $FOLLOWED -gt 0 ]] || { echo "no request was redirected: the proxy did not front a follower"; exit 1; }
 echo "conformance through a follower ($COLD cold store) passed: $LINE"
 
 # The same suite through the gateway in front of every node.
-"$BIN/ursula" gateway --listen 127.0.0.1:0 --cors-allowed-origin '*' \
+NO_COLOR=1 "$BIN/ursula" gateway --listen 127.0.0.1:0 --cors-allowed-origin '*' \
   --upstream "http://127.0.0.1:${PORTS[0]}" --upstream "http://127.0.0.1:${PORTS[1]}" \
   --upstream "http://127.0.0.1:${PORTS[2]}" 2>"$TMP/gateway.log" &
 PIDS+=($!)
@@ -153,20 +159,8 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 [[ -n $GW ]] || { logs; echo "the gateway did not start"; exit 1; }
-OUT=$TMP/conformance-gateway.out
-set +e
-"$CONF_DIR/run-conformance.sh" "http://$GW" 2>&1 | tee "$OUT"
-RC=${PIPESTATUS[0]}
-set -e
-LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
-PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
-FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
+conformance "$GW" gateway
 REDIRECTS=$(curl -sf "http://$GW/__ursula/gateway/metrics" | python3 -c 'import json,sys; print(json.load(sys.stdin)["leader_redirects"])')
 echo "the gateway followed $REDIRECTS redirects"
-if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
-  logs
-  echo "conformance through the gateway: expected failed=0 and passed>=332, got: $LINE"
-  exit 1
-fi
 [[ ${REDIRECTS:-0} -gt 0 ]] || { echo "the gateway followed no redirect"; exit 1; }
 echo "conformance through the gateway in front of 3 nodes passed: $LINE"

@@ -52,6 +52,8 @@ pub fn upstream_request(client: &HeaderMap) -> HeaderMap {
     hm.remove("x-forwarded-host");
     hm.remove("x-forwarded-proto");
     hm.remove(header::FORWARDED);
+    // The body is buffered already: nothing to wait for.
+    hm.remove(header::EXPECT);
     if let Some(h) = host {
         hm.insert("x-forwarded-host", h);
     }

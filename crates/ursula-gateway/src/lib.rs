@@ -33,6 +33,7 @@ mod serve;
 mod usage;
 
 pub use config::GatewayArgs;
+pub use headers::strip_hop_by_hop;
 pub use serve::{Gateway, run};
 
 /// Logs to standard error, filtered by `URSULA_LOG`, else `RUST_LOG`, else `info`.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::Parser;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -62,33 +62,9 @@ struct Proxy {
     max_body: usize,
 }
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded; `expect` too: the body is here.
-const HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
+/// Hop-by-hop headers are dropped as the gateway drops them (`ursula-gateway`).
 fn strip_hop_headers(h: &mut HeaderMap) {
-    let listed: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in listed {
-        h.remove(n);
-    }
-    for n in HOP {
-        h.remove(n);
-    }
+    ursula_gateway::strip_hop_by_hop(h);
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
