@@ -21,6 +21,11 @@ pub struct GatewayArgs {
     /// stream of a group shares it) instead of one per stream.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub raft_group_count: Option<u32>,
+    /// Seconds a client has to send a request's head, and then its body; slower: the
+    /// connection is closed (head) or `408 REQUEST_TIMEOUT` (body). Not in the spec's flag
+    /// table: a public front door must not let a slow client hold its connections.
+    #[arg(long, default_value_t = 30)]
+    pub client_timeout: u64,
     /// Seconds per TCP connect to an upstream.
     #[arg(long, default_value_t = 5)]
     pub connect_timeout: u64,

@@ -38,7 +38,18 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
         return answer::too_large(limit);
     }
     let cap = usize::try_from(limit).unwrap_or(usize::MAX);
-    let body = match Limited::new(body, cap).collect().await {
+    let within = Duration::from_secs(gw.args.client_timeout.max(1));
+    let Ok(body) = tokio::time::timeout(within, Limited::new(body, cap).collect()).await else {
+        return answer::error(
+            StatusCode::REQUEST_TIMEOUT,
+            "REQUEST_TIMEOUT",
+            &format!(
+                "the request body did not arrive within {} s",
+                within.as_secs()
+            ),
+        );
+    };
+    let body = match body {
         Ok(b) => b.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return answer::too_large(limit);

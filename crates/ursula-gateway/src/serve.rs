@@ -261,12 +261,15 @@ pub async fn run(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
+        let head_timeout = Duration::from_secs(gw.args.client_timeout.max(1));
         let gw = Arc::clone(&gw);
         let svc = service_fn(move |req| {
             let gw = Arc::clone(&gw);
             async move { Ok::<_, Infallible>(gw.handle(req).await) }
         });
         let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(head_timeout)
             .keep_alive(true)
             .serve_connection(TokioIo::new(stream), svc);
         let conn = graceful.watch(conn);

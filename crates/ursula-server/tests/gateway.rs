@@ -189,6 +189,24 @@ fn the_gateway_owns_cors_limits_and_its_errors() {
     assert_eq!(r.json()["error"]["code"], "PAYLOAD_TOO_LARGE");
     assert_eq!(gw.req("POST", "/gwck/s", &text, &[b'a'; 1000]).status, 204);
 
+    // A client that stops sending its body gets 408, not a connection held for ever.
+    let quick = Gateway::start(
+        &[format!("http://{}", s.addr())],
+        &["--client-timeout", "1"],
+    );
+    let mut c = std::net::TcpStream::connect(quick.addr).unwrap();
+    c.set_read_timeout(Some(T)).unwrap();
+    let head = format!(
+        "POST /gwck/s HTTP/1.1\r\nHost: {}\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nhalf!",
+        quick.addr
+    );
+    std::io::Write::write_all(&mut c, head.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut c, &mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"REQUEST_TIMEOUT\""), "{answer}");
+
     // A node that does not answer: 502 UPSTREAM_FAILED, and the gateway keeps serving.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
