@@ -6,8 +6,8 @@
 //! by one per batch written. A window with no request writes nothing. When the file cannot be
 //! written, batches wait (at most 64; past that the two oldest merge, keeping the earlier
 //! sequence and the wider window) and go out, in order, with the next flush that succeeds.
-//! Counting takes one short lock per request and one when its answer ends; it never waits on
-//! the file.
+//! Counting takes one short lock per request, and one per 64 KiB of its answer and when the
+//! answer ends; it never waits on the file.
 
 use crate::answer::Body;
 use crate::classify::Class;
@@ -97,6 +97,41 @@ pub struct Usage {
     state: Mutex<State>,
 }
 
+/// Bytes an answer sent, added to the counters every [`METER_EVERY`] bytes and when the
+/// answer ends: a long SSE answer shows in the windows it spans, without a lock per frame.
+struct Meter {
+    usage: Arc<Usage>,
+    key: Key,
+    pending: u64,
+}
+
+const METER_EVERY: u64 = 64 << 10;
+
+impl Meter {
+    fn sent(&mut self, n: u64) {
+        self.pending += n;
+        if self.pending >= METER_EVERY {
+            self.settle();
+        }
+    }
+
+    fn settle(&mut self) {
+        let c = Counts {
+            response_bytes: std::mem::take(&mut self.pending),
+            ..Counts::default()
+        };
+        self.usage.add(self.key.clone(), c);
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        if self.pending > 0 {
+            self.settle();
+        }
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -146,23 +181,20 @@ impl Usage {
     pub fn metered(self: &Arc<Self>, key: Key, body: Body) -> Body {
         use futures::StreamExt;
         use http_body_util::{BodyExt, StreamBody};
-        let usage = Arc::clone(self);
-        let frames = futures::stream::unfold(Some(body), move |body| {
-            let (usage, key) = (Arc::clone(&usage), key.clone());
-            async move {
-                let mut body = body?;
-                let frame = body.frame().await?;
-                if let Ok(f) = &frame
-                    && let Some(d) = f.data_ref()
-                {
-                    let c = Counts {
-                        response_bytes: d.len() as u64,
-                        ..Counts::default()
-                    };
-                    usage.add(key, c);
-                }
-                Some((frame, Some(body)))
+        let meter = Meter {
+            usage: Arc::clone(self),
+            key,
+            pending: 0,
+        };
+        // The meter lives in the stream's state: dropped when the answer ends or the client
+        // goes away, it counts what was left.
+        let frames = futures::stream::unfold(Some((body, meter)), |state| async move {
+            let (mut body, mut meter) = state?;
+            let frame = body.frame().await?;
+            if let Some(d) = frame.as_ref().ok().and_then(|f| f.data_ref()) {
+                meter.sent(d.len() as u64);
             }
+            Some((frame, Some((body, meter))))
         });
         BodyExt::boxed_unsync(StreamBody::new(frames.boxed()))
     }
@@ -300,6 +332,33 @@ mod tests {
             .collect();
         assert_eq!(seqs, vec![1, 2]);
         assert!(blocked.lock().queued.is_empty());
+    }
+
+    #[tokio::test]
+    async fn answer_bytes_are_counted_every_64_kib_and_at_the_end() {
+        use http_body_util::{BodyExt, StreamBody};
+        let dir = tempfile::tempdir().unwrap();
+        let u = Arc::new(Usage::new(dir.path().join("u.jsonl"), None));
+        let frames = (0..70).map(|_| {
+            Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![
+                0u8;
+                1024
+            ])))
+        });
+        let body: Body = BodyExt::boxed_unsync(StreamBody::new(futures::stream::iter(frames)));
+        let mut metered = u.metered(key(Class::LiveRead), body);
+        let sent = |u: &Usage| {
+            u.lock()
+                .counts
+                .get(&key(Class::LiveRead))
+                .map_or(0, |c| c.response_bytes)
+        };
+        for _ in 0..65 {
+            metered.frame().await.unwrap().unwrap();
+        }
+        assert_eq!(sent(&u), 64 << 10, "settled at 64 KiB, not per frame");
+        drop(metered);
+        assert_eq!(sent(&u), 65 << 10, "the rest when the answer goes away");
     }
 
     #[test]

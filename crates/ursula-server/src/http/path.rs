@@ -43,12 +43,7 @@ pub enum Route {
 
 /// Percent-decodes one segment as UTF-8; `None` for bad escapes or invalid UTF-8.
 pub fn pct_decode(seg: &str) -> Option<String> {
-    pct_decode_cow(seg).map(Cow::into_owned)
-}
-
-/// [`pct_decode`], borrowing `seg` when it has nothing to decode (the common case).
-fn pct_decode_cow(seg: &str) -> Option<Cow<'_, str>> {
-    ids::pct_decode(seg)
+    ids::pct_decode(seg).map(Cow::into_owned)
 }
 
 /// Percent-encodes a decoded segment for use in a path.
@@ -102,7 +97,7 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
         return Ok(Route::NotFound);
     }
     let segs: Vec<&str> = rest.split('/').collect();
-    let first = pct_decode_cow(segs[0]).ok_or_else(|| {
+    let first = ids::pct_decode(segs[0]).ok_or_else(|| {
         ApiError::new(ErrorCode::INVALID_BUCKET_ID, "bucket id is not valid UTF-8")
     })?;
     if first == RESERVED_BUCKET {
@@ -124,7 +119,7 @@ pub fn route(path: &str) -> Result<Route, ApiError> {
     // `/{bucket}/` names the empty stream ID, which is invalid (seed 003: 1 to 122 bytes);
     // `validate_stream` below refuses it with 400.
     let second =
-        pct_decode_cow(segs[1]).ok_or_else(|| bad_stream("stream id is not valid UTF-8"))?;
+        ids::pct_decode(segs[1]).ok_or_else(|| bad_stream("stream id is not valid UTF-8"))?;
     if second == "__ds" && segs.len() > 2 {
         // Subscription control routes of the bucket root (not served by this node).
         return Ok(Route::NotFound);
