@@ -35,13 +35,9 @@ WANT_SKIPPED=${1:-}
 for b in ursula ursula-redirect-proxy; do
   [[ -x $BIN/$b ]] || { echo "$BIN/$b not built (cargo build --release --bins)"; exit 1; }
 done
-CONF_DIR=${URSULA_CONFORMANCE_DIR:-}
-if [[ -z $CONF_DIR ]]; then
-  for d in "$ROOT/../shared/conformance" /work/shared/conformance; do
-    [[ -x $d/run-conformance.sh ]] && { CONF_DIR=$d; break; }
-  done
-fi
-[[ -n $CONF_DIR ]] || { echo "conformance suite not found (set URSULA_CONFORMANCE_DIR)"; exit 1; }
+# shellcheck source=lib/conformance.sh
+source "$ROOT/scripts/lib/conformance.sh"
+CONF_DIR=$(conformance_dir "$ROOT")
 
 TMP=$(mktemp -d)
 PIDS=()
@@ -118,23 +114,14 @@ for _ in $(seq 1 100); do
 done
 [[ -n $ADDR ]] || { logs; echo "the proxy did not start"; exit 1; }
 
-# Runs the suite against $1 (a label in $2); sets LINE and SKIPPED, exits unless it passed as
-# on one node (failed=0, passed>=332, and the expected skips).
+# Runs the suite against $1 (a label in $2); exits unless it passed as on one node (failed=0,
+# passed>=332, and the expected skips).
 conformance() {
-  local out=$TMP/conformance-$2.out rc passed failed
-  set +e
-  "$CONF_DIR/run-conformance.sh" "http://$1" 2>&1 | tee "$out"
-  rc=${PIPESTATUS[0]}
-  set -e
-  LINE=$(grep '^CONFORMANCE ' "$out" | tail -n1)
-  passed=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
-  failed=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
-  SKIPPED=$(sed -n 's/.* skipped=\([0-9]*\).*/\1/p' <<<"$LINE")
-  if [[ $rc -ne 0 || ${failed:-1} -ne 0 || ${passed:-0} -lt 332 ]]; then
+  run_conformance "$CONF_DIR" "http://$1" "$TMP/conformance-$2.out" || {
     logs
     echo "conformance through the $2: expected failed=0 and passed>=332, got: $LINE"
     exit 1
-  fi
+  }
   if [[ -n $WANT_SKIPPED && $SKIPPED != "$WANT_SKIPPED" ]]; then
     echo "conformance through the $2: skipped=$SKIPPED, on one node $WANT_SKIPPED"
     exit 1

@@ -33,13 +33,9 @@ step "ColdStore suite, one node and a 3-node cluster against a real S3-compatibl
 "$ROOT/scripts/s3-suite.sh" --release
 
 step "conformance suite against a durable node"
-CONF_DIR=${URSULA_CONFORMANCE_DIR:-}
-if [[ -z $CONF_DIR ]]; then
-  for d in "$ROOT/../shared/conformance" /work/shared/conformance; do
-    [[ -x $d/run-conformance.sh ]] && { CONF_DIR=$d; break; }
-  done
-fi
-[[ -n $CONF_DIR ]] || { echo "conformance suite not found (set URSULA_CONFORMANCE_DIR)"; exit 1; }
+# shellcheck source=lib/conformance.sh
+source "$ROOT/scripts/lib/conformance.sh"
+CONF_DIR=$(conformance_dir "$ROOT")
 DATA=$(mktemp -d)
 LOG=$DATA/server.log
 NO_COLOR=1 "$ROOT/target/release/ursula" server --listen 127.0.0.1:0 --data-dir "$DATA/data" 2>"$LOG" &
@@ -54,19 +50,10 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 [[ -n $ADDR ]] || { cat "$LOG"; echo "server did not start"; exit 1; }
-OUT=$DATA/conformance.out
-set +e
-"$CONF_DIR/run-conformance.sh" "http://$ADDR" 2>&1 | tee "$OUT"
-RC=${PIPESTATUS[0]}
-set -e
-LINE=$(grep '^CONFORMANCE ' "$OUT" | tail -n1)
-PASSED=$(sed -n 's/.* passed=\([0-9]*\).*/\1/p' <<<"$LINE")
-FAILED=$(sed -n 's/.* failed=\([0-9]*\).*/\1/p' <<<"$LINE")
-SKIPPED=$(sed -n 's/.* skipped=\([0-9]*\).*/\1/p' <<<"$LINE")
-if [[ $RC -ne 0 || ${FAILED:-1} -ne 0 || ${PASSED:-0} -lt 332 ]]; then
+run_conformance "$CONF_DIR" "http://$ADDR" "$DATA/conformance.out" || {
   echo "conformance: expected failed=0 and passed>=332, got: $LINE"
   exit 1
-fi
+}
 
 step "benchmark smoke run against the same node (checks the generator works, not speed)"
 "$ROOT/target/release/ursula-bench" --url "http://$ADDR" smoke --strict --server-pid "$PID"
