@@ -299,8 +299,11 @@ const BLOCK: usize = BLOCK_SIZE as usize;
 
 /// Builds a chunk object from payload pieces, written in order, without joining them: a
 /// [`Bytes`] piece of at least 4 KiB becomes a piece of the object's [`Body`] as it is (a
-/// flush sends the hot ring's chunks, not a copy of them), and the checksums take one pass
-/// over the payload (the frame's is combined from the blocks', `crc32c_combine`).
+/// flush sends the hot ring's chunks, not a copy of them). Each piece is checksummed for its
+/// block and again for the frame while it is still in cache; the frame of the contiguous
+/// layout, whose table lies before the payload, combines the payload's checksum once at the
+/// end. A `crc32c_combine` costs about ten times a second pass over a 64 KiB block (29 µs
+/// against 2.6 µs on the bench VM), so it is not used per block.
 pub struct ChunkWriter {
     frame: ObjectWriter,
     layout: ChunkLayout,
@@ -314,7 +317,7 @@ pub struct ChunkWriter {
     /// Checksum and payload bytes of the block being filled.
     block_crc: u32,
     in_block: usize,
-    /// Checksum of the payload sealed so far (contiguous layout).
+    /// Checksum of the payload written so far (contiguous layout).
     payload_crc: u32,
     written: u64,
 }
@@ -360,6 +363,11 @@ impl ChunkWriter {
         while !bytes.is_empty() {
             let part = bytes.split_to((BLOCK - self.in_block).min(bytes.len()));
             self.block_crc = crc32c::crc32c_append(self.block_crc, &part);
+            if self.layout.contiguous() {
+                self.payload_crc = crc32c::crc32c_append(self.payload_crc, &part);
+            } else {
+                self.frame.update(&part);
+            }
             self.in_block += part.len();
             self.written += part.len() as u64;
             self.put(part);
@@ -393,14 +401,11 @@ impl ChunkWriter {
 
     fn seal_block(&mut self) {
         let crc = std::mem::take(&mut self.block_crc);
-        let len = std::mem::take(&mut self.in_block);
         let bytes = crc.to_le_bytes();
+        self.in_block = 0;
         if self.layout.contiguous() {
             self.table.extend_from_slice(&bytes);
-            // The empty payload's checksum is 0, which combines as the empty prefix.
-            self.payload_crc = crc32c::crc32c_combine(self.payload_crc, crc, len);
         } else {
-            self.frame.combine(crc, len as u64);
             self.frame.update(&bytes);
             self.put_small(&bytes);
         }
