@@ -16,8 +16,7 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 
 /// `status` with `{"error":{"code":code,"message":message}}`.
 pub fn error(status: StatusCode, code: &str, message: &str) -> Response<Body> {
-    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
-    let mut r = Response::new(full(body));
+    let mut r = Response::new(full(ursula_http::error_body_str(code, message)));
     *r.status_mut() = status;
     let hm = r.headers_mut();
     hm.insert(

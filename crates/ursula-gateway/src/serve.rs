@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::net::TcpListener;
+use ursula_http::{Armed, JsonParseErrors};
 
 /// What every request shares.
 pub struct Gateway {
@@ -263,15 +264,25 @@ pub async fn run(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<
         let _ = stream.set_nodelay(true);
         let head_timeout = Duration::from_secs(gw.args.client_timeout.max(1));
         let gw = Arc::clone(&gw);
+        // hyper's own answers to requests it cannot parse get the JSON error body (OQ-32),
+        // as on a node: armed while no request is in the service.
+        let armed = Armed::default();
+        let io = JsonParseErrors::new(stream, armed.clone());
         let svc = service_fn(move |req| {
+            armed.disarm();
             let gw = Arc::clone(&gw);
-            async move { Ok::<_, Infallible>(gw.handle(req).await) }
+            let armed = armed.clone();
+            async move {
+                let resp = gw.handle(req).await;
+                armed.arm();
+                Ok::<_, Infallible>(resp)
+            }
         });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(head_timeout)
             .keep_alive(true)
-            .serve_connection(TokioIo::new(stream), svc);
+            .serve_connection(TokioIo::new(io), svc);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

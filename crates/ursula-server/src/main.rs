@@ -16,7 +16,6 @@ mod latency;
 mod local_chunks;
 mod memory;
 mod metrics;
-mod parse_errors;
 mod parts;
 mod probe;
 mod raft_metrics;

@@ -3,7 +3,6 @@
 
 use crate::app::App;
 use crate::coarse_timer::HyperTimer;
-use crate::parse_errors::{Armed, JsonParseErrors};
 use crate::send_file::SendFile;
 use axum::body::Body;
 use bytes::Bytes;
@@ -18,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
+use ursula_http::{Armed, JsonParseErrors};
 
 /// How long a shutdown waits for in-flight requests (spec cluster.md §15). Long-polls and
 /// SSE streams end with the shutdown signal, so this bounds slow uploads and downloads.
@@ -112,7 +112,7 @@ where
             async move {
                 let resp = fut.await;
                 // What hyper writes next, after this response, may be its own error answer
-                // to the next request (parse_errors.rs).
+                // to the next request (ursula_http::parse_errors).
                 armed.arm();
                 Ok::<_, Infallible>(resp)
             }

@@ -214,6 +214,28 @@ fn the_gateway_owns_cors_limits_and_its_errors() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("\"REQUEST_TIMEOUT\""), "{answer}");
 
+    // Requests the HTTP layer cannot parse get the JSON error body too (OQ-32), and the
+    // gateway keeps serving.
+    let raw = |bytes: &[u8]| {
+        let mut c = std::net::TcpStream::connect(gw.addr).unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        std::io::Write::write_all(&mut c, bytes).unwrap();
+        let mut answer = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut c, &mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let bad = raw(b"GET /gwck/s HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n");
+    assert!(bad.starts_with("HTTP/1.1 400"), "{bad}");
+    assert!(bad.ends_with(r#""code":"MALFORMED_REQUEST","message":"the request line or header section could not be parsed"}}"#), "{bad}");
+    assert!(bad.contains("content-type: application/json"), "{bad}");
+    let mut long = b"GET /gwck/".to_vec();
+    long.extend(std::iter::repeat_n(b'a', 70_000));
+    long.extend_from_slice(b" HTTP/1.1\r\nHost: x\r\n\r\n");
+    let long = raw(&long);
+    assert!(long.starts_with("HTTP/1.1 414"), "{long}");
+    assert!(long.contains(r#""code":"URI_TOO_LONG""#), "{long}");
+    assert_eq!(gw.req("GET", "/gwck/s?offset=-1", &[], b"").status, 200);
+
     // A node that does not answer: 502 UPSTREAM_FAILED, and the gateway keeps serving.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -64,7 +64,7 @@ struct Proxy {
 
 /// Hop-by-hop headers are dropped as the gateway drops them (`ursula-gateway`).
 fn strip_hop_headers(h: &mut HeaderMap) {
-    ursula_gateway::strip_hop_by_hop(h);
+    ursula_http::strip_hop_by_hop(h);
 }
 
 fn full(b: impl Into<Bytes>) -> Body {

@@ -76,7 +76,7 @@ pub fn parse(buf: &[u8]) -> Parsed {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => return Parsed::Partial,
         // Too long, too many headers, or malformed: hyper answers it (with our JSON body,
-        // parse_errors.rs) as it answers every such request.
+        // ursula_http::parse_errors) as it answers every such request.
         _ => return Parsed::Handoff,
     };
     if head_len > MAX_HEAD || req.version != Some(1) {

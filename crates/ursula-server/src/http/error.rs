@@ -105,10 +105,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     }
 }
 
-/// The JSON error body: `{"error":{"code":...,"message":...}}`.
-pub fn error_body(code: ErrorCode, message: &str) -> String {
-    serde_json::json!({ "error": { "code": code.as_str(), "message": message } }).to_string()
-}
+pub use ursula_http::error_body;
 
 /// Renders the JSON error body with the header facts.
 pub fn render(err: ApiError) -> Response<Body> {

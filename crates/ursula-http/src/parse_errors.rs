@@ -38,7 +38,7 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use ursula_core::ErrorCode;
 
-use crate::http::error::error_body;
+use crate::error_body;
 
 /// The status lines hyper answers unparseable requests with, and our code for each.
 const CANNED: [(&[u8], ErrorCode, &str); 3] = [
