@@ -9,6 +9,12 @@ pub struct GatewayArgs {
     /// Address to listen on.
     #[arg(long, env = "URSULAGW_LISTEN", default_value = "0.0.0.0:4437")]
     pub listen: SocketAddr,
+    /// A second address that serves only `GET /__ursula/gateway/metrics`, for the operators'
+    /// network. With access control on, the public listener conceals `/__ursula/*` like any
+    /// refused path (cluster.md §9), so this is where the metrics are read. Not in the spec's
+    /// flag table.
+    #[arg(long, env = "URSULAGW_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
     /// A node's client-plane URL, `http://host:port`; repeat for every node (or give them
     /// comma-separated).
     #[arg(long = "upstream", env = "URSULAGW_UPSTREAMS", value_delimiter = ',', required = true, value_parser = parse_upstream)]

@@ -15,7 +15,8 @@
 //! - `quota`: per-tenant request rate, concurrent live reads and body size.
 //! - `usage`: usage metering into a JSON-lines file.
 //! - `answer`: the JSON error answers the gateway makes itself.
-//! - `metrics`: `GET /__ursula/gateway/metrics`.
+//! - `metrics`: `GET /__ursula/gateway/metrics` (on `--metrics-listen` too; with access control
+//!   only there).
 
 mod answer;
 mod auth;
@@ -34,7 +35,7 @@ mod usage;
 
 pub use config::GatewayArgs;
 pub use headers::strip_hop_by_hop;
-pub use serve::{Gateway, run};
+pub use serve::{Gateway, run, run_with_metrics};
 
 /// Logs to standard error, filtered by `URSULA_LOG`, else `RUST_LOG`, else `info`.
 pub fn init_tracing() {
@@ -54,8 +55,18 @@ pub async fn main(args: GatewayArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, upstreams = ?args.upstreams, "ursulagw listening");
+    let metrics = match args.metrics_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {at}: {e}"))?;
+            tracing::info!(addr = %l.local_addr()?, "ursulagw metrics listening");
+            Some(l)
+        }
+        None => None,
+    };
     let gw = Gateway::new(args).map_err(|e| anyhow::anyhow!(e))?;
-    run(gw, listener, stop_signal()).await;
+    run_with_metrics(gw, listener, metrics, stop_signal()).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -119,13 +119,10 @@ impl Gateway {
             return self.cors.options(req.headers());
         }
         let origin = req.headers().get(header::ORIGIN).cloned();
-        let mut resp = if req.uri().path() == "/__ursula/gateway/metrics" {
-            let mut r = Response::new(answer::full(self.metrics.json(self.leaders.len())));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            r
+        // With access control, `/__ursula/*` is concealed like any refused path (cluster.md
+        // §9): the metrics are then read on `--metrics-listen`.
+        let mut resp = if self.access.is_none() && req.uri().path() == METRICS_PATH {
+            self.metrics_answer()
         } else {
             self.admit(req).await
         };
@@ -134,7 +131,28 @@ impl Gateway {
     }
 }
 
+/// Where the gateway's metrics are served (cluster.md §12.9).
+const METRICS_PATH: &str = "/__ursula/gateway/metrics";
+
 impl Gateway {
+    fn metrics_answer(&self) -> Response<Body> {
+        let mut r = Response::new(answer::full(self.metrics.json(self.leaders.len())));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+
+    /// The `--metrics-listen` listener's one route.
+    async fn handle_metrics(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        if req.method() == Method::GET && req.uri().path() == METRICS_PATH {
+            self.metrics_answer()
+        } else {
+            answer::error(http::StatusCode::NOT_FOUND, "NOT_FOUND", "not found")
+        }
+    }
+
     /// Forwards `req` if its credential and the bucket policy allow it (cluster.md §12.3,
     /// §12.4); without access control, always.
     async fn admit(&self, req: Request<Incoming>) -> Response<Body> {
@@ -235,6 +253,17 @@ fn refused(r: Refused) -> Response<Body> {
 /// Serves `listener` until `shutdown` resolves, then waits for in-flight requests (at most
 /// `--graceful-shutdown-timeout`).
 pub async fn run(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    run_with_metrics(gw, listener, None, shutdown).await;
+}
+
+/// [`run`], with the metrics also served on `metrics` (`--metrics-listen`) until `shutdown`.
+pub async fn run_with_metrics(
+    gw: Arc<Gateway>,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let metrics = metrics.map(|l| tokio::spawn(serve_metrics(Arc::clone(&gw), l)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let flusher = gw.usage.clone().map(|u| {
         let every = Duration::from_secs(gw.args.usage_flush_secs.max(1));
@@ -298,9 +327,30 @@ pub async fn run(gw: Arc<Gateway>, listener: TcpListener, shutdown: impl Future<
     {
         tracing::warn!("drain timed out; closing the remaining connections");
     }
+    if let Some(m) = metrics {
+        m.abort();
+    }
     // The last window's usage is written before the process ends.
     if let (Some(f), Some(u)) = (flusher, gw.usage.clone()) {
         f.abort();
         let _ = tokio::task::spawn_blocking(move || u.flush()).await;
+    }
+}
+
+/// Serves `listener` with the gateway's metrics only, until aborted.
+async fn serve_metrics(gw: Arc<Gateway>, listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let gw = Arc::clone(&gw);
+        let svc = service_fn(move |req| {
+            let gw = Arc::clone(&gw);
+            async move { Ok::<_, Infallible>(gw.handle_metrics(req).await) }
+        });
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc),
+        );
     }
 }

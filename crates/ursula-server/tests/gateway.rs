@@ -21,6 +21,8 @@ const T: Duration = Duration::from_secs(10);
 struct Gateway {
     child: Child,
     addr: SocketAddr,
+    /// The addresses it reports after its listener's (`--metrics-listen`).
+    more: mpsc::Receiver<SocketAddr>,
 }
 
 impl Gateway {
@@ -50,7 +52,11 @@ impl Gateway {
             }
         });
         let addr = rx.recv_timeout(T).expect("the gateway reports its address");
-        Gateway { child, addr }
+        Gateway {
+            child,
+            addr,
+            more: rx,
+        }
     }
 
     fn req(
@@ -429,6 +435,8 @@ fn owners_write_the_public_reads_and_everything_else_is_concealed() {
         ("GET", "/priv/s?offset=-1", Some(&bob)),
         ("GET", "/nobody/s?offset=-1", Some(&alice)),
         ("GET", "/__ursula/metrics", Some(&alice)),
+        ("GET", "/__ursula/gateway/metrics", None),
+        ("GET", "/__ursula/gateway/metrics", Some(&alice)),
     ] {
         let mut h = vec![text];
         if let Some(a) = auth {
@@ -450,6 +458,28 @@ fn owners_write_the_public_reads_and_everything_else_is_concealed() {
         b"",
     );
     assert_eq!(r.text(), "hi!");
+
+    // Operators read the gateway's metrics on their own listener.
+    let ops = secured_with(
+        &node,
+        dir.path(),
+        serve_json(JWKS),
+        &["--metrics-listen", "127.0.0.1:0"],
+    );
+    assert_eq!(ops.req("GET", "/pubk/s?offset=-1", &[], b"").text(), "hi");
+    let metrics_at = ops
+        .more
+        .recv_timeout(T)
+        .expect("the metrics address is logged");
+    let on_ops = |path: &str| try_request(metrics_at, "GET", path, &[], b"", T).unwrap();
+    let m = on_ops("/__ursula/gateway/metrics");
+    assert_eq!(m.status, 200, "{}", m.text());
+    assert!(m.json()["requests"].as_u64().unwrap() >= 1, "{}", m.text());
+    assert_eq!(on_ops("/pubk/s?offset=-1").status, 404);
+    assert_eq!(
+        ops.req("GET", "/__ursula/gateway/metrics", &[], b"").text(),
+        CONCEALED
+    );
 }
 
 #[test]
