@@ -27,6 +27,19 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+/// What a group holds, for a metrics scrape ([`crate::GroupState::sizes`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupSizes {
+    pub streams: u64,
+    /// Bytes not yet in the cold tier.
+    pub hot_bytes: u64,
+    /// Bytes of the streams that live in the cold tier (referenced, not deleted).
+    pub cold_bytes: u64,
+    pub cold_objects: u64,
+    /// Objects queued for deletion.
+    pub gc_queued: u64,
+}
+
 /// An object of the cold tier written by this group. Ids are assigned by the leader from
 /// [`ColdState::next_object`] and are never reused: an upload is a conditional create, so a
 /// leader that finds its id taken (an upload whose flush never committed) takes the next.
@@ -354,18 +367,25 @@ impl crate::group::GroupState {
         }
     }
 
-    /// Bytes of the group's streams that live in the cold tier (referenced, not deleted).
-    pub fn cold_bytes(&self) -> u64 {
-        self.streams
-            .values()
-            .flat_map(|s| s.cold.iter())
-            .map(|c| c.end - c.start)
-            .sum()
-    }
-
     /// Hot bytes over all streams of the group.
     pub fn hot_bytes(&self) -> u64 {
         self.streams.values().map(StreamState::hot_len).sum()
+    }
+
+    /// The group's sizes for a metrics scrape, in one walk over its streams.
+    pub fn sizes(&self) -> GroupSizes {
+        let (mut hot, mut cold) = (0, 0);
+        for s in self.streams.values() {
+            hot += s.hot_len();
+            cold += s.cold.iter().map(|c| c.end - c.start).sum::<u64>();
+        }
+        GroupSizes {
+            streams: self.streams.len() as u64,
+            hot_bytes: hot,
+            cold_bytes: cold,
+            cold_objects: self.cold.objects.len() as u64,
+            gc_queued: self.cold.gc.len() as u64,
+        }
     }
 
     /// One walk over the group's streams for a flush (cluster.md §6.2): counts the hot

@@ -10,7 +10,7 @@ mod cold_world;
 
 use cold_world::{NAMES, World, key};
 use proptest::prelude::*;
-use ursula_core::cold::{FlushReq, FlushRule, FlushSlice, ObjectId};
+use ursula_core::cold::{FlushReq, FlushRule, FlushSlice, GroupSizes, ObjectId};
 use ursula_core::{GroupState, Op};
 
 #[derive(Debug, Clone)]
@@ -138,6 +138,32 @@ fn candidates_prefer_the_largest_hot_ranges_and_respect_the_size() {
         .collect();
     assert_eq!(names, vec![("b", 1000), ("c", 50)]);
     assert_eq!(w.g.hot_bytes(), 1110);
+}
+
+#[test]
+fn sizes_count_streams_hot_and_cold_bytes_and_objects() {
+    let mut w = World::new();
+    w.append("a", 100);
+    w.append("b", 50);
+    let before = GroupSizes {
+        streams: 2,
+        hot_bytes: 150,
+        ..GroupSizes::default()
+    };
+    assert_eq!(w.g.sizes(), before);
+    w.flush(1 << 20, false);
+    let after = w.g.sizes();
+    assert_eq!(
+        (
+            after.streams,
+            after.hot_bytes,
+            after.cold_bytes,
+            after.cold_objects
+        ),
+        (2, 0, 150, 1)
+    );
+    assert_eq!(after.hot_bytes, w.g.hot_bytes());
+    w.check();
 }
 
 #[test]

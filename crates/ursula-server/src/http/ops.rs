@@ -6,6 +6,7 @@ use crate::raft_metrics;
 use axum::body::Body;
 use http::{HeaderValue, Method, Response, StatusCode};
 use std::sync::Arc;
+use ursula_core::cold::GroupSizes;
 
 pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResult {
     if method != Method::GET && method != Method::HEAD {
@@ -14,7 +15,8 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     let path: Vec<&str> = segs.iter().map(String::as_str).collect();
     let (status, body, ct) = match path.as_slice() {
         ["metrics"] => {
-            let mut j = app.metrics.json(&extra_metrics(app));
+            let sizes = group_sizes(app);
+            let mut j = app.metrics.json(&extra_metrics(app, &sizes));
             let rows = raft_metrics::rows_with_committed(app).await;
             j["raft_group_count"] = rows.len().into();
             j["wal_backend"] = "disk".into();
@@ -24,24 +26,29 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
             j["raft_rpc"] = raft_metrics::rpc_json(&app.node);
             j["cluster_probe"] = app.governance.probes.json();
             j["cold_store"] = crate::cold::describe(&app.cfg);
-            j["hot_bytes_by_group"] = hot_by_group(app)
-                .map(|(group, hot)| serde_json::json!({"group": group, "hot_bytes": hot}))
+            j["hot_bytes_by_group"] = sizes
+                .iter()
+                .zip(0u32..)
+                .map(|(s, group)| serde_json::json!({"group": group, "hot_bytes": s.hot_bytes}))
                 .collect();
             for (k, v) in app.latency.json() {
                 j[k] = v;
             }
             (StatusCode::OK, j.to_string(), "application/json")
         }
-        ["metrics", "prometheus"] => (
-            StatusCode::OK,
-            app.metrics.prometheus(&extra_metrics(app))
-                + &raft_metrics::prometheus(&raft_metrics::rows(app))
-                + &raft_metrics::rpc_prometheus(&app.node)
-                + &app.governance.probes.prometheus()
-                + &app.latency.prometheus()
-                + &hot_prometheus(app),
-            "text/plain; version=0.0.4",
-        ),
+        ["metrics", "prometheus"] => {
+            let sizes = group_sizes(app);
+            (
+                StatusCode::OK,
+                app.metrics.prometheus(&extra_metrics(app, &sizes))
+                    + &raft_metrics::prometheus(&raft_metrics::rows(app))
+                    + &raft_metrics::rpc_prometheus(&app.node)
+                    + &app.governance.probes.prometheus()
+                    + &app.latency.prometheus()
+                    + &hot_prometheus(&sizes),
+                "text/plain; version=0.0.4",
+            )
+        }
         ["health"] => (
             StatusCode::OK,
             r#"{"status":"ok"}"#.to_owned(),
@@ -58,18 +65,23 @@ pub async fn handle(app: &Arc<App>, method: &Method, segs: &[String]) -> ApiResu
     Ok(r)
 }
 
-/// Each group's hot bytes (not yet in the cold tier), from one short read of its state.
-fn hot_by_group(app: &App) -> impl Iterator<Item = (u32, u64)> + '_ {
-    (0..app.node.group_count()).map(|g| (g, app.with_group(g, |gs| gs.hot_bytes())))
+/// Each group's sizes, from one short read of its state per scrape.
+fn group_sizes(app: &App) -> Vec<GroupSizes> {
+    (0..app.node.group_count())
+        .map(|g| app.with_group(g, |gs| gs.sizes()))
+        .collect()
 }
 
-fn hot_prometheus(app: &App) -> String {
+fn hot_prometheus(sizes: &[GroupSizes]) -> String {
     let mut out = String::from(
         "# HELP ursula_group_hot_bytes bytes a group holds in memory, not yet in the cold tier\n\
          # TYPE ursula_group_hot_bytes gauge\n",
     );
-    for (g, hot) in hot_by_group(app) {
-        out.push_str(&format!("ursula_group_hot_bytes{{group=\"{g}\"}} {hot}\n"));
+    for (s, g) in sizes.iter().zip(0u32..) {
+        out.push_str(&format!(
+            "ursula_group_hot_bytes{{group=\"{g}\"}} {}\n",
+            s.hot_bytes
+        ));
     }
     out
 }
@@ -114,11 +126,9 @@ fn ready(app: &App) -> (StatusCode, String, &'static str) {
 }
 
 /// Metrics read at scrape time: sizes, and one gauge or counter per storage fault.
-fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
+fn extra_metrics(app: &App, sizes: &[GroupSizes]) -> Vec<(&'static str, &'static str, u64)> {
     let groups = u64::from(app.node.group_count());
-    let streams: u64 = (0..app.node.group_count())
-        .map(|g| app.with_group(g, |gs| gs.streams.len() as u64))
-        .sum();
+    let streams: u64 = sizes.iter().map(|s| s.streams).sum();
     let watched = app.watchers.watched_streams() as u64;
     let health = app.node.storage_health();
     let faults = health.counts();
@@ -244,7 +254,7 @@ fn extra_metrics(app: &App) -> Vec<(&'static str, &'static str, u64)> {
         ),
     ];
     if let Some(t) = &app.tiering {
-        out.extend(t.metrics(app));
+        out.extend(t.metrics(sizes));
     }
     out
 }

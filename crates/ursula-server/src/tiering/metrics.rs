@@ -1,21 +1,17 @@
 //! The cold tier's metrics (`/__ursula/metrics`).
 
 use super::Tiering;
-use crate::app::App;
 use std::sync::atomic::{AtomicU64, Ordering};
+use ursula_core::cold::GroupSizes;
 impl Tiering {
-    /// The cold tier's metrics, read at scrape time (exact hot and cold sizes come from
-    /// one short read of each group's state).
-    pub fn metrics(&self, app: &App) -> Vec<(&'static str, &'static str, u64)> {
-        let (mut hot, mut cold, mut objects, mut queued) = (0, 0, 0, 0);
-        for g in 0..app.node.group_count() {
-            app.with_group(g, |gs| {
-                hot += gs.hot_bytes();
-                cold += gs.cold_bytes();
-                objects += gs.cold.objects.len() as u64;
-                queued += gs.cold.gc.len() as u64;
-            });
-        }
+    /// The cold tier's metrics, read at scrape time; the sizes are each group's, taken in one
+    /// short read of its state ([`ursula_core::GroupState::sizes`]).
+    pub fn metrics(&self, sizes: &[GroupSizes]) -> Vec<(&'static str, &'static str, u64)> {
+        let sum = |f: fn(&GroupSizes) -> u64| sizes.iter().map(f).sum::<u64>();
+        let hot = sum(|s| s.hot_bytes);
+        let cold = sum(|s| s.cold_bytes);
+        let objects = sum(|s| s.cold_objects);
+        let queued = sum(|s| s.gc_queued);
         let m = &self.metrics;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut rows = self.external.rows();
