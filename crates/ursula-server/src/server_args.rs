@@ -122,6 +122,9 @@ pub struct ServerArgs {
     /// The node's state directory (`raft.wal.path`; when set it is the data directory).
     #[arg(long, env = "URSULA_WAL_PATH")]
     wal_path: Option<PathBuf>,
+    /// Bytes per WAL segment, 1 MiB to 1 GiB (`raft.wal.segment_size`) [default: 64MiB].
+    #[arg(long, env = "URSULA_WAL_SEGMENT_SIZE", value_parser = ursula_storage::cold::config::parse_size)]
+    wal_segment_size: Option<u64>,
     /// Every node of a cluster sees the `local` cold path (`storage.cold.local.shared`).
     #[arg(long, env = "URSULA_COLD_LOCAL_SHARED")]
     cold_local_shared: Option<bool>,
@@ -169,6 +172,9 @@ impl ServerArgs {
         }
         if self.wal_path.is_some() {
             c.raft.wal.path = self.wal_path;
+        }
+        if self.wal_segment_size.is_some() {
+            c.raft.wal.segment_size = self.wal_segment_size;
         }
         if let Some(v) = self.listen {
             c.listen = v;
@@ -357,6 +363,15 @@ mod tests {
         assert_eq!(c.runtime.core_count, Some(2));
         // A shared directory is read through the store: it flushes at flush_size.
         assert_eq!(c.tiering().flush_min_hot_size, 8 << 20);
+    }
+
+    #[test]
+    fn the_wal_segment_size_has_a_flag_bounded_like_the_key() {
+        assert_eq!(config(&[]).unwrap().raft.wal.segment_size(), 64 << 20);
+        let c = config(&["--wal-segment-size", "16MiB"]).unwrap();
+        assert_eq!(c.raft.wal.segment_size(), 16 << 20);
+        let err = config(&["--wal-segment-size", "512KiB"]).unwrap_err();
+        assert!(err.to_string().contains("segment_size"), "{err}");
     }
 
     #[test]
