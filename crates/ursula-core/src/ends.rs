@@ -153,6 +153,19 @@ impl Ends {
         first.chain(self.open.iter().copied())
     }
 
+    /// Bytes of memory the ends take (their chunks and the open chunk's buffer).
+    pub fn heap_bytes(&self) -> u64 {
+        let full: usize = self
+            .full
+            .iter()
+            .map(|c| match c {
+                Sealed::Near { offsets, .. } => offsets.len() * 4,
+                Sealed::Far(ends) => ends.len() * 8,
+            })
+            .sum();
+        (full + self.open.capacity() * 8) as u64
+    }
+
     /// Drops the first `n` ends (all of them if there are fewer).
     pub fn drop_front(&mut self, n: usize) {
         let mut n = n.min(self.len());
@@ -313,6 +326,24 @@ fn take_varint(rest: &mut &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn dropping_whole_chunks_frees_their_memory_and_a_part_of_one_frees_none() {
+        let mut e = Ends::default();
+        for i in 0..(3 * CHUNK as u64) {
+            e.push(10 * i);
+        }
+        // Three full chunks of 4-byte offsets, and the room made for the next chunk.
+        let chunk = CHUNK as u64 * 4;
+        let open = CHUNK as u64 * 8;
+        assert_eq!(e.heap_bytes(), 3 * chunk + open);
+        e.drop_front(CHUNK / 2);
+        assert_eq!(e.heap_bytes(), 3 * chunk + open);
+        e.drop_front(CHUNK);
+        assert_eq!(e.heap_bytes(), 2 * chunk + open);
+        e.drop_front(usize::MAX);
+        assert_eq!(e.heap_bytes(), 0);
+    }
 
     proptest! {
         /// Every operation answers as the same operation on a `Vec<u64>` does.

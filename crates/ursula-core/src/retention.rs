@@ -96,7 +96,8 @@ impl StreamState {
 
     /// Drops own bytes below [`StreamState::keep_from`] (hot bytes, and cold references
     /// that end at or below it, whose objects go to `released`) and message ends at or
-    /// below the retained offset. Returns how many hot and index bytes were freed.
+    /// below the retained offset. Returns how many bytes of memory that freed (hot bytes, and the
+    /// chunks of message ends dropped whole).
     /// Idempotent.
     pub(crate) fn trim(&mut self, released: &mut Vec<ObjectId>) -> u64 {
         let keep = self.keep_from().clamp(self.data_start, self.tail);
@@ -119,8 +120,9 @@ impl StreamState {
         if let Some(last) = cut.checked_sub(1).and_then(|i| self.ends.get(i)) {
             self.cut_offset = last;
             self.ends_cut += cut as u64;
+            let before = self.ends.heap_bytes();
             self.ends.drop_front(cut);
-            freed += 8 * cut as u64;
+            freed += before.saturating_sub(self.ends.heap_bytes());
         }
         freed
     }
