@@ -140,14 +140,7 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
         {
             forget(gw, key.as_deref(), &origin);
         }
-        let resp = answer(
-            gw,
-            resp,
-            &origin,
-            &parts.headers,
-            &upstream_headers,
-            tenant_cap,
-        );
+        let resp = answer(gw, resp, &origin, &parts, &upstream_headers, tenant_cap);
         let resp = match admitted.usage {
             Some((usage, key)) => {
                 let (parts, body) = resp.into_parts();
@@ -197,7 +190,7 @@ fn answer(
     gw: &Gateway,
     resp: Response<Incoming>,
     origin: &str,
-    client: &HeaderMap,
+    client: &Parts,
     sent: &HeaderMap,
     tenant_cap: u64,
 ) -> Response<Body> {
@@ -217,10 +210,17 @@ fn answer(
                 .get("x-forwarded-proto")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("http");
-            client
+            // The client's `Host`, else the address it reached the gateway on.
+            let host = client
+                .headers
                 .get(header::HOST)
                 .and_then(|h| h.to_str().ok())
-                .map(|host| format!("{proto}://{host}{path}"))
+                .map(str::to_owned)
+                .or_else(|| {
+                    let at = client.extensions.get::<crate::serve::Listening>()?;
+                    Some(at.0.to_string())
+                });
+            host.map(|host| format!("{proto}://{host}{path}"))
         } else {
             None
         };

@@ -41,6 +41,11 @@ pub struct Gateway {
     next: AtomicUsize,
 }
 
+/// The gateway's own address on a client's connection, as a request extension: the origin of
+/// a rewritten `Location` when the client sent no `Host` (HTTP/1.0).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Listening(pub std::net::SocketAddr);
+
 /// What the gateway decided to do with a request it forwards.
 #[derive(Default)]
 pub(crate) struct Admitted {
@@ -296,9 +301,13 @@ pub async fn run_with_metrics(
         // hyper's own answers to requests it cannot parse get the JSON error body (OQ-32),
         // as on a node: armed while no request is in the service.
         let armed = Armed::default();
+        let local = stream.local_addr().ok().map(Listening);
         let io = JsonParseErrors::new(stream, armed.clone());
-        let svc = service_fn(move |req| {
+        let svc = service_fn(move |mut req: Request<Incoming>| {
             armed.disarm();
+            if let Some(l) = local {
+                req.extensions_mut().insert(l);
+            }
             let gw = Arc::clone(&gw);
             let armed = armed.clone();
             async move {
@@ -319,6 +328,8 @@ pub async fn run_with_metrics(
             }
         });
     }
+    // New connections are refused from now on; those open finish what they carry.
+    drop(listener);
     let drain = Duration::from_secs(gw.args.graceful_shutdown_timeout);
     tracing::info!(timeout_s = drain.as_secs(), "draining");
     if tokio::time::timeout(drain, graceful.shutdown())

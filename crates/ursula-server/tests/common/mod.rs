@@ -9,6 +9,7 @@
 )]
 
 pub mod cluster;
+pub mod gateway;
 pub mod multipart;
 
 use std::collections::VecDeque;
