@@ -1,5 +1,6 @@
 //! What `/__ursula/metrics` tells an operator (cluster.md §9.1): request latency by
-//! operation and group, answers by status, the cold store, resident memory and its cap.
+//! operation and group, answers by status, the cold store, resident memory and its cap; and
+//! the log filter an operator sets.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "tests")]
 
@@ -150,4 +151,60 @@ fn a_node_above_its_memory_cap_aborts_and_says_why() {
         stderr.contains("node_memory_abort_cap_size"),
         "the reason is logged:\n{stderr}"
     );
+}
+
+/// Starts a node with `env`, waits until it serves, stops it, and returns what it logged.
+fn logged_with(env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ursula"));
+    cmd.args([
+        "server",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(dir.path().join("data"))
+    .env_remove("URSULA_LOG")
+    .env_remove("RUST_LOG")
+    .env("NO_COLOR", "1")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let up = wait_until(Duration::from_secs(20), || {
+        common::try_request(
+            addr,
+            "GET",
+            "/__ursula/health",
+            &[],
+            b"",
+            Duration::from_secs(2),
+        )
+        .is_ok_and(|r| r.status == 200)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(up, "the node served:\n{stderr}");
+    stderr
+}
+
+#[test]
+fn the_log_filter_is_ursula_log_then_rust_log_then_info() {
+    assert!(logged_with(&[]).contains(" INFO "));
+    let quiet = logged_with(&[("RUST_LOG", "error")]);
+    assert!(
+        !quiet.contains(" INFO "),
+        "RUST_LOG=error still logged info:\n{quiet}"
+    );
+    let wins = logged_with(&[("RUST_LOG", "error"), ("URSULA_LOG", "info")]);
+    assert!(wins.contains(" INFO "), "URSULA_LOG did not win:\n{wins}");
 }
