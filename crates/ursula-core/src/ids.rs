@@ -157,8 +157,12 @@ impl fmt::Display for StreamKey {
     }
 }
 
-/// FNV-1a 64 hash of `bytes`, reduced to a group index.
+/// FNV-1a 64 hash of `bytes`, reduced to a group index. With one group (a single node's
+/// default) there is nothing to hash.
 pub fn group_of(bytes: &[u8], group_count: u32) -> u32 {
+    if group_count <= 1 {
+        return 0;
+    }
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
@@ -220,6 +224,15 @@ mod tests {
         assert!(msg.contains(&format!("\"{}\"...", "é".repeat(32))), "{msg}");
         let msg = validate_stream("bucket", "$x").unwrap_err().to_string();
         assert!(msg.contains("\"$x\" "), "{msg}");
+    }
+
+    #[test]
+    fn the_group_is_fnv1a_64_of_the_key_and_zero_with_one_group() {
+        // 6509609049879196279 = FNV-1a 64 of "bench/events", computed independently.
+        assert_eq!(group_of(b"bench/events", 4), 3);
+        assert_eq!(group_of(b"bench/events", 12), 7);
+        assert_eq!(group_of(b"bench/events", 1), 0);
+        assert_eq!(group_of(b"bench/events", 0), 0);
     }
 
     proptest::proptest! {
