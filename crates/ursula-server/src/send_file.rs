@@ -32,6 +32,13 @@ use tokio::net::TcpStream;
 /// Buffers shorter than this are written, not sent from their file.
 pub const SENDFILE_MIN: usize = 8 * 1024;
 
+/// The most one `sendfile` call is asked to send; the rest goes in the calls after it. One call
+/// for a whole buffer (up to 1 MiB) made loopback reads three times as expensive on a 6.18
+/// kernel: `read-10x1MiB` from the local cold tier, five alternating pairs of 4 s runs, took
+/// 381–560 µs of server CPU per 1 MiB GET (1,864–2,728 MB/s) uncapped and 142–156 µs
+/// (6,668–7,297 MB/s) at 128 KiB per call (docs/benchmarks.md, session 33).
+pub const SENDFILE_MAX: usize = 128 * 1024;
+
 /// Live mappings by start address: their length and the mapping. An `Arc` upgraded from an
 /// entry is never dropped while the lock is held (the last drop takes the write lock).
 static MAPS: RwLock<BTreeMap<usize, (usize, Weak<Mapped>)>> = RwLock::new(BTreeMap::new());
@@ -178,7 +185,12 @@ impl SendFile {
             ready!(self.inner.poll_write_ready(cx))?;
             let sent = self.inner.try_io(Interest::WRITABLE, || {
                 let mut at = offset;
-                match rustix::fs::sendfile(&self.inner, file, Some(&mut at), buf.len()) {
+                match rustix::fs::sendfile(
+                    &self.inner,
+                    file,
+                    Some(&mut at),
+                    buf.len().min(SENDFILE_MAX),
+                ) {
                     Ok(n) => Ok((n, true)),
                     Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
                         rustix::io::write(&self.inner, buf)
