@@ -4,7 +4,7 @@
 use http::HeaderMap;
 use http::header::{self, HeaderValue};
 
-pub use ursula_http::strip_hop_by_hop;
+use ursula_http::strip_hop_by_hop;
 
 /// The request headers an upstream gets: the client's, without hop-by-hop ones and `Host`
 /// (the client sets the upstream's), with `X-Forwarded-Host` (the client's `Host`) and

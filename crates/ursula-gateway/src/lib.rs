@@ -34,7 +34,6 @@ mod serve;
 mod usage;
 
 pub use config::GatewayArgs;
-pub use headers::strip_hop_by_hop;
 pub use serve::{Gateway, run, run_with_metrics};
 
 /// Logs to standard error, filtered by `URSULA_LOG`, else `RUST_LOG`, else `info`.

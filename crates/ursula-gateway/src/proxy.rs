@@ -140,7 +140,8 @@ pub async fn forward(gw: &Gateway, req: Request<Incoming>, admitted: Admitted) -
         {
             forget(gw, key.as_deref(), &origin);
         }
-        let resp = answer(gw, resp, &origin, &parts, &upstream_headers, tenant_cap);
+        let client = (&parts.headers, admitted.listening);
+        let resp = answer(gw, resp, &origin, client, &upstream_headers, tenant_cap);
         let resp = match admitted.usage {
             Some((usage, key)) => {
                 let (parts, body) = resp.into_parts();
@@ -184,18 +185,19 @@ fn forget(gw: &Gateway, key: Option<&str>, origin: &str) {
 }
 
 /// The node's answer as the client gets it: hop-by-hop headers dropped, every `Location`
-/// naming the gateway (a redirect's as a path, a create's with the client's origin), limits
+/// naming the gateway (a redirect's as a path, a create's with the client's origin: its `Host`,
+/// else the gateway address it connected to, `listening`), limits
 /// capped to the gateway's; the body streams through.
 fn answer(
     gw: &Gateway,
     resp: Response<Incoming>,
     origin: &str,
-    client: &Parts,
+    (client, listening): (&HeaderMap, Option<std::net::SocketAddr>),
     sent: &HeaderMap,
     tenant_cap: u64,
 ) -> Response<Body> {
     let (mut parts, body) = resp.into_parts();
-    headers::strip_hop_by_hop(&mut parts.headers);
+    ursula_http::strip_hop_by_hop(&mut parts.headers);
     let location = parts
         .headers
         .get(header::LOCATION)
@@ -212,14 +214,10 @@ fn answer(
                 .unwrap_or("http");
             // The client's `Host`, else the address it reached the gateway on.
             let host = client
-                .headers
                 .get(header::HOST)
                 .and_then(|h| h.to_str().ok())
                 .map(str::to_owned)
-                .or_else(|| {
-                    let at = client.extensions.get::<crate::serve::Listening>()?;
-                    Some(at.0.to_string())
-                });
+                .or_else(|| listening.map(|at| at.to_string()));
             host.map(|host| format!("{proto}://{host}{path}"))
         } else {
             None

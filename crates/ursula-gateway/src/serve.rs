@@ -41,11 +41,6 @@ pub struct Gateway {
     next: AtomicUsize,
 }
 
-/// The gateway's own address on a client's connection, as a request extension: the origin of
-/// a rewritten `Location` when the client sent no `Host` (HTTP/1.0).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Listening(pub std::net::SocketAddr);
-
 /// What the gateway decided to do with a request it forwards.
 #[derive(Default)]
 pub(crate) struct Admitted {
@@ -59,6 +54,9 @@ pub(crate) struct Admitted {
     pub slot: Option<crate::quota::Slot>,
     /// Where the request and its answer's bytes are counted (`--usage-log`).
     pub usage: Option<(Arc<crate::usage::Usage>, crate::usage::Key)>,
+    /// The gateway's own address on the client's connection: the origin of a rewritten
+    /// `Location` when the client sent no `Host` (HTTP/1.0).
+    pub listening: Option<std::net::SocketAddr>,
 }
 
 impl Gateway {
@@ -118,7 +116,11 @@ impl Gateway {
             .unwrap_or_default()
     }
 
-    async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        listening: Option<std::net::SocketAddr>,
+    ) -> Response<Body> {
         inc(&self.metrics.requests, 1);
         if req.method() == Method::OPTIONS {
             return self.cors.options(req.headers());
@@ -129,7 +131,7 @@ impl Gateway {
         let mut resp = if self.access.is_none() && req.uri().path() == METRICS_PATH {
             self.metrics_answer()
         } else {
-            self.admit(req).await
+            self.admit(req, listening).await
         };
         self.cors.apply(origin.as_ref(), resp.headers_mut());
         resp
@@ -160,9 +162,17 @@ impl Gateway {
 
     /// Forwards `req` if its credential and the bucket policy allow it (cluster.md §12.3,
     /// §12.4); without access control, always.
-    async fn admit(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn admit(
+        &self,
+        req: Request<Incoming>,
+        listening: Option<std::net::SocketAddr>,
+    ) -> Response<Body> {
         let Some((auth, policy)) = &self.access else {
-            return crate::proxy::forward(self, req, Admitted::default()).await;
+            let admitted = Admitted {
+                listening,
+                ..Admitted::default()
+            };
+            return crate::proxy::forward(self, req, admitted).await;
         };
         let credential = match crate::auth::bearer(req.headers()) {
             Ok(None) => None,
@@ -190,6 +200,7 @@ impl Gateway {
             strip_authorization: true,
             expires_at: credential.filter(|_| what.live).map(|c| c.expires_at),
             usage,
+            listening,
             ..Admitted::default()
         };
         if let Some(q) = &self.quotas {
@@ -301,17 +312,14 @@ pub async fn run_with_metrics(
         // hyper's own answers to requests it cannot parse get the JSON error body (OQ-32),
         // as on a node: armed while no request is in the service.
         let armed = Armed::default();
-        let local = stream.local_addr().ok().map(Listening);
+        let local = stream.local_addr().ok();
         let io = JsonParseErrors::new(stream, armed.clone());
-        let svc = service_fn(move |mut req: Request<Incoming>| {
+        let svc = service_fn(move |req: Request<Incoming>| {
             armed.disarm();
-            if let Some(l) = local {
-                req.extensions_mut().insert(l);
-            }
             let gw = Arc::clone(&gw);
             let armed = armed.clone();
             async move {
-                let resp = gw.handle(req).await;
+                let resp = gw.handle(req, local).await;
                 armed.arm();
                 Ok::<_, Infallible>(resp)
             }
