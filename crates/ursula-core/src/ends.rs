@@ -46,6 +46,13 @@ impl Sealed {
         }
     }
 
+    fn heap_bytes(&self) -> u64 {
+        match self {
+            Sealed::Near { offsets, .. } => offsets.len() as u64 * 4,
+            Sealed::Far(ends) => ends.len() as u64 * 8,
+        }
+    }
+
     fn get(&self, i: usize) -> Option<u64> {
         match self {
             Sealed::Near { base, offsets } => offsets.get(i).map(|o| base + u64::from(*o)),
@@ -155,28 +162,23 @@ impl Ends {
 
     /// Bytes of memory the ends take (their chunks and the open chunk's buffer).
     pub fn heap_bytes(&self) -> u64 {
-        let full: usize = self
-            .full
-            .iter()
-            .map(|c| match c {
-                Sealed::Near { offsets, .. } => offsets.len() * 4,
-                Sealed::Far(ends) => ends.len() * 8,
-            })
-            .sum();
-        (full + self.open.capacity() * 8) as u64
+        let full: u64 = self.full.iter().map(Sealed::heap_bytes).sum();
+        full + self.open.capacity() as u64 * 8
     }
 
-    /// Drops the first `n` ends (all of them if there are fewer).
-    pub fn drop_front(&mut self, n: usize) {
+    /// Drops the first `n` ends (all of them if there are fewer); returns the bytes of memory
+    /// that freed (whole chunks, and the open chunk's buffer once nothing is left).
+    pub fn drop_front(&mut self, n: usize) -> u64 {
         let mut n = n.min(self.len());
+        let mut freed = 0;
         while n > 0 {
             if self.full.is_empty() {
                 self.open.drain(..n);
-                return;
+                break;
             }
             let here = CHUNK - self.skip;
             if n >= here {
-                self.full.pop_front();
+                freed += self.full.pop_front().map_or(0, |c| c.heap_bytes());
                 self.skip = 0;
                 n -= here;
             } else {
@@ -185,8 +187,10 @@ impl Ends {
             }
         }
         if self.open.is_empty() && self.full.is_empty() {
+            freed += self.open.capacity() as u64 * 8;
             self.open = Vec::new();
         }
+        freed
     }
 }
 
@@ -337,11 +341,11 @@ mod tests {
         let chunk = CHUNK as u64 * 4;
         let open = CHUNK as u64 * 8;
         assert_eq!(e.heap_bytes(), 3 * chunk + open);
-        e.drop_front(CHUNK / 2);
+        assert_eq!(e.drop_front(CHUNK / 2), 0);
         assert_eq!(e.heap_bytes(), 3 * chunk + open);
-        e.drop_front(CHUNK);
+        assert_eq!(e.drop_front(CHUNK), chunk);
         assert_eq!(e.heap_bytes(), 2 * chunk + open);
-        e.drop_front(usize::MAX);
+        assert_eq!(e.drop_front(usize::MAX), 2 * chunk + open);
         assert_eq!(e.heap_bytes(), 0);
     }
 

@@ -120,9 +120,7 @@ impl StreamState {
         if let Some(last) = cut.checked_sub(1).and_then(|i| self.ends.get(i)) {
             self.cut_offset = last;
             self.ends_cut += cut as u64;
-            let before = self.ends.heap_bytes();
-            self.ends.drop_front(cut);
-            freed += before.saturating_sub(self.ends.heap_bytes());
+            freed += self.ends.drop_front(cut);
         }
         freed
     }
