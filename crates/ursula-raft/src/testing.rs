@@ -16,6 +16,7 @@ use crate::batch_wire::{self, AnswerReader};
 use crate::network::{BatchFuture, OnAnswer, RpcFuture, Transport, TransportError};
 use crate::node::Node;
 use crate::types::NodeId;
+use crate::wire;
 
 #[derive(Default)]
 struct Faults {
@@ -46,6 +47,8 @@ impl Faults {
 struct Inner {
     nodes: Mutex<HashMap<NodeId, Weak<Node>>>,
     faults: Mutex<Faults>,
+    /// Install-snapshot chunks handed to each node.
+    snapshot_chunks: Mutex<HashMap<NodeId, u64>>,
 }
 
 /// The network shared by the nodes of one test.
@@ -127,6 +130,16 @@ impl TestNetwork {
         f.rng = seed;
     }
 
+    /// How many install-snapshot chunks reached node `id` (a cut or lost request does not
+    /// count), so a test can tell a catch-up by snapshot from one by log.
+    pub fn snapshot_chunks_to(&self, id: NodeId) -> u64 {
+        let counts = self.inner.snapshot_chunks.lock();
+        *counts
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .unwrap_or(&0)
+    }
+
     fn lock_nodes(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Weak<Node>>> {
         self.inner.nodes.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -153,6 +166,23 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Counts the install-snapshot chunks among `frames`, on their way into node `to`.
+    fn count_snapshots<'f>(&self, to: NodeId, frames: impl IntoIterator<Item = &'f [u8]>) {
+        let n = frames
+            .into_iter()
+            .filter(|f| wire::request_kind(f) == Some(wire::KIND_SNAPSHOT))
+            .count() as u64;
+        if n > 0 {
+            let mut counts = self
+                .snapshot_chunks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            *counts.entry(to).or_default() += n;
+        }
+    }
+}
+
 impl TestTransport {
     /// The way out: the link's delay, then the target node, unless the link is cut, the
     /// request is lost or the node is not running.
@@ -175,6 +205,7 @@ impl Transport for TestTransport {
         Box::pin(async move {
             let work = async {
                 let node = self.reach(target).await?;
+                self.inner.count_snapshots(target, [frame.as_slice()]);
                 let answer = node
                     .handle_rpc(&frame)
                     .await
@@ -205,6 +236,8 @@ impl Transport for TestTransport {
         Box::pin(async move {
             let work = async {
                 let node = self.reach(target).await?;
+                self.inner
+                    .count_snapshots(target, frames.iter().map(Vec::as_slice));
                 let batch = bytes::Bytes::from(batch_wire::encode_batch(&frames));
                 let answers = node
                     .handle_batch(batch)

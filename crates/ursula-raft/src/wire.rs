@@ -180,6 +180,16 @@ fn take_u32(rd: &mut &[u8]) -> Result<u32, String> {
 }
 
 /// Decodes a request frame into its group and request.
+/// The kind byte of a request frame of this wire version, without decoding its body.
+pub(crate) fn request_kind(bytes: &[u8]) -> Option<u8> {
+    match bytes {
+        [m0, m1, m2, m3, WIRE_VERSION, kind, ..] if [*m0, *m1, *m2, *m3] == *REQUEST_MAGIC => {
+            Some(*kind)
+        }
+        _ => None,
+    }
+}
+
 pub(crate) fn decode_request(bytes: &[u8]) -> Result<(u32, Request), String> {
     let mut rd = bytes;
     if take(&mut rd, 4)? != REQUEST_MAGIC {
