@@ -68,36 +68,51 @@ impl Pace {
         Duration::from_secs_f64(n as f64 / rate).saturating_sub(took)
     }
 
-    /// Writes `pieces` one after another from offset 0 through `write_at` (bytes, offset),
+    /// Writes `pieces` one after another from offset 0 through `write_at` (buffers, offset),
     /// calling `write_back` (offset, length) on every [`Pace::piece`] bytes but the last ones
     /// and pausing after each. Nothing here makes the bytes durable: the caller syncs the file
     /// before publishing it.
+    ///
+    /// Each piece of the file is handed to `write_at` whole, as the parts of `pieces` it
+    /// holds, for one vectored write: the page cache gives a write folios as large as the
+    /// write and as aligned as its offset, so a piece written in one call at a multiple of
+    /// its size lies in few large folios, where its parts written one by one (a header, then
+    /// slices of appends) left runs of 4 KiB pages. Every later `sendfile` from the file looks
+    /// its folios up one by one (docs/benchmarks.md, session 34).
     pub fn write<'a>(
         &self,
         pieces: impl IntoIterator<Item = &'a [u8]> + Clone,
-        mut write_at: impl FnMut(&[u8], u64) -> io::Result<()>,
+        mut write_at: impl FnMut(&[&[u8]], u64) -> io::Result<()>,
         mut write_back: impl FnMut(u64, u64) -> io::Result<()>,
     ) -> io::Result<()> {
         let piece = self.piece.max(1);
         let total: u64 = pieces.clone().into_iter().map(|p| p.len() as u64).sum();
         let mut written = 0u64;
-        let mut since_back = 0usize;
+        let mut window: Vec<&[u8]> = Vec::new();
+        let mut in_window = 0usize;
         let mut started = Instant::now();
         for p in pieces {
             let mut rest = p;
             while !rest.is_empty() {
-                let n = rest.len().min(piece - since_back);
-                write_at(&rest[..n], written)?;
+                let n = rest.len().min(piece - in_window);
+                window.push(&rest[..n]);
                 rest = &rest[n..];
-                since_back += n;
-                written += n as u64;
-                if since_back == piece && written < total {
-                    write_back(written - since_back as u64, since_back as u64)?;
-                    thread::sleep(self.pause(piece, total, started.elapsed()));
-                    since_back = 0;
-                    started = Instant::now();
+                in_window += n;
+                if in_window == piece {
+                    write_at(&window, written)?;
+                    written += in_window as u64;
+                    window.clear();
+                    in_window = 0;
+                    if written < total {
+                        write_back(written - piece as u64, piece as u64)?;
+                        thread::sleep(self.pause(piece, total, started.elapsed()));
+                        started = Instant::now();
+                    }
                 }
             }
+        }
+        if in_window > 0 {
+            write_at(&window, written)?;
         }
         Ok(())
     }
@@ -140,15 +155,19 @@ mod tests {
         };
         let mut out = Vec::new();
         let mut marks = Vec::new();
+        let mut writes = Vec::new();
         let pieces: [&[u8]; 3] = [b"abcdef", b"gh", b"ijklm"];
         // Each write-back covers the piece just written; none follows the last piece (the
         // caller's sync makes the whole file durable).
         let out_len = std::cell::Cell::new(0);
         pace.write(
             pieces,
-            |b, at| {
+            |bufs, at| {
                 assert_eq!(at, out.len() as u64);
-                out.extend_from_slice(b);
+                for b in bufs {
+                    out.extend_from_slice(b);
+                }
+                writes.push(bufs.len());
                 out_len.set(out.len());
                 Ok(())
             },
@@ -161,6 +180,9 @@ mod tests {
         .unwrap();
         assert_eq!(out, b"abcdefghijklm");
         assert_eq!(marks, vec![(0, 4), (4, 4), (8, 4)]);
+        // One write per piece, of the parts of `pieces` it holds: "abcd", "ef" + "gh",
+        // "ijkl", "m".
+        assert_eq!(writes, vec![1, 2, 1, 1]);
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub fn write_atomic(
         // of dirty pages for the WAL's next fdatasync to wait behind.
         pace.write(
             [&header[..], payload],
-            |piece, at| file.write_all_at(piece, at),
+            |bufs, at| file.write_all_vectored_at(bufs, at),
             |at, len| file.write_back(at, len),
         )?;
         file.sync_all()?;

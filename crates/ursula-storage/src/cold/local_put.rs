@@ -99,7 +99,7 @@ fn write_and_link(
 ) -> io::Result<()> {
     pace.write(
         body.pieces().iter().map(|p| &p[..]),
-        |piece, at| file.write_all_at(piece, at),
+        |bufs, at| file.write_all_vectored_at(bufs, at),
         |at, len| file.write_back(at, len),
     )?;
     file.sync_all()?;

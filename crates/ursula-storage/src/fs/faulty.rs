@@ -138,6 +138,10 @@ impl FsFile for FaultyFile {
         self.fs.check(FaultOp::Write, &self.path)?;
         self.inner.write_all_at(buf, offset)
     }
+    fn write_all_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        self.fs.check(FaultOp::Write, &self.path)?;
+        self.inner.write_all_vectored_at(bufs, offset)
+    }
     fn sync_data(&self) -> io::Result<()> {
         self.fs.check(FaultOp::Sync, &self.path)?;
         self.inner.sync_data()
