@@ -15,6 +15,11 @@ pub struct GatewayArgs {
     /// flag table.
     #[arg(long, env = "URSULAGW_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// The TCP congestion control of client connections, or "" for the system's. CUBIC by
+    /// default: BBR paces each connection by a timer of its own where the device has no `fq`
+    /// queueing discipline (see `ursula_http::congestion`). Not in the spec's flag table.
+    #[arg(long, env = "URSULAGW_TCP_CONGESTION", default_value = ursula_http::congestion::DEFAULT, value_parser = parse_congestion)]
+    pub tcp_congestion: String,
     /// A node's client-plane URL, `http://host:port`; repeat for every node (or give them
     /// comma-separated).
     #[arg(long = "upstream", env = "URSULAGW_UPSTREAMS", value_delimiter = ',', required = true, value_parser = parse_upstream)]
@@ -77,6 +82,10 @@ pub struct GatewayArgs {
     pub usage_chunk_bytes: Option<u64>,
 }
 
+fn parse_congestion(name: &str) -> Result<String, String> {
+    ursula_http::congestion::check_name(name).map(|()| name.to_owned())
+}
+
 impl GatewayArgs {
     pub fn response_header_timeout(&self) -> Duration {
         Duration::from_secs(self.response_header_timeout.max(1))
@@ -110,5 +119,22 @@ mod tests {
         for bad in ["127.0.0.1:4437", "https://a:1", "http://a:1/x", "ftp://a"] {
             assert!(parse_upstream(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_congestion_control_is_cubic_unless_told_and_checked() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            gw: GatewayArgs,
+        }
+        let up = ["gw", "--upstream", "http://127.0.0.1:1"];
+        let parsed = Cli::try_parse_from(up).expect("parse");
+        assert_eq!(parsed.gw.tcp_congestion, "cubic");
+        let system = Cli::try_parse_from([&up[..], &["--tcp-congestion", ""]].concat());
+        assert_eq!(system.expect("parse").gw.tcp_congestion, "");
+        let bad = Cli::try_parse_from([&up[..], &["--tcp-congestion", "a b"]].concat());
+        assert!(bad.is_err());
     }
 }

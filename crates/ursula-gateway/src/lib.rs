@@ -52,6 +52,7 @@ pub async fn main(args: GatewayArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    ursula_http::congestion::set(&listener, &args.tcp_congestion);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, upstreams = ?args.upstreams, "ursulagw listening");
     let metrics = match args.metrics_listen {

@@ -3,8 +3,10 @@
 //! - [`error_body`]: the JSON error body of errors.md §1;
 //! - [`parse_errors`]: that body also on the answers hyper writes itself to requests it
 //!   cannot parse (OQ-32);
-//! - [`strip_hop_by_hop`]: the headers of one connection, which a proxy never forwards.
+//! - [`strip_hop_by_hop`]: the headers of one connection, which a proxy never forwards;
+//! - [`congestion`]: the TCP congestion control of client connections.
 
+pub mod congestion;
 mod hop_by_hop;
 pub mod parse_errors;
 

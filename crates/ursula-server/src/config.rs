@@ -9,12 +9,6 @@ use std::path::PathBuf;
 /// than the kernel's autotuning, which grows the buffer to megabytes; docs/benchmarks.md),
 /// large enough for 50 MB/s per connection at 10 ms of round trip.
 pub const DEFAULT_SEND_BUFFER_BYTES: u64 = 256 << 10;
-/// `tcp_congestion` by default. BBR, which some hosts make the system's default, paces a
-/// connection with a timer of its own when the device has no `fq` queueing discipline
-/// (loopback never has one), and a large answer written as fast as the socket takes it then
-/// costs a timer per burst: on a VM with BBR, cold catch-up reads took 2.5 times the CPU per
-/// byte they take with CUBIC, the kernel's own default (docs/benchmarks.md, session 34).
-pub const DEFAULT_TCP_CONGESTION: &str = "cubic";
 /// The smallest `send_buffer_bytes` accepted (other than 0).
 const MIN_SEND_BUFFER_BYTES: u64 = 128 << 10;
 /// Groups of a new cluster's data directory when `group_count` is unset: enough to spread a
@@ -58,7 +52,8 @@ pub struct Config {
     /// answer crawled one delayed ACK at a time, and the floor keeps a margin above that.
     pub send_buffer_bytes: u64,
     /// The TCP congestion control of client connections (`TCP_CONGESTION`), or "" for the
-    /// system's (`net.ipv4.tcp_congestion_control`). Default: "cubic".
+    /// system's (`net.ipv4.tcp_congestion_control`). Default: "cubic" (why:
+    /// `ursula_http::congestion`).
     pub tcp_congestion: String,
     /// Answer plain writes on the server's own HTTP/1 loop (`h1`), hyper the rest; `false`
     /// gives every request to hyper. Default: true.
@@ -485,7 +480,7 @@ impl Default for Config {
             write_stall_timeout_ms: 30_000,
             sse_batch_bytes: 1024 * 1024,
             send_buffer_bytes: DEFAULT_SEND_BUFFER_BYTES,
-            tcp_congestion: DEFAULT_TCP_CONGESTION.to_owned(),
+            tcp_congestion: ursula_http::congestion::DEFAULT.to_owned(),
             http1_own_path: true,
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
@@ -547,17 +542,8 @@ impl Config {
              got {}",
             self.send_buffer_bytes
         );
-        // The kernel's names are at most 15 bytes (`TCP_CA_NAME_MAX` 16 with its NUL).
-        anyhow::ensure!(
-            self.tcp_congestion.len() < 16
-                && self
-                    .tcp_congestion
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
-            "tcp_congestion must be \"\" (the system's) or a congestion control's name such as \
-             \"cubic\" or \"bbr\", got {:?}",
-            self.tcp_congestion
-        );
+        ursula_http::congestion::check_name(&self.tcp_congestion)
+            .map_err(|e| anyhow::anyhow!("tcp_congestion: {e}"))?;
         if let Some(u) = &self.public_url {
             // Echoed into every create's Location: an http(s) URL with a checked authority.
             let authority = u

@@ -36,7 +36,7 @@ pub async fn run<H, F>(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     app.timer.start();
     set_send_buffer(&listener, app.cfg.send_buffer_bytes);
-    set_congestion(&listener, &app.cfg.tcp_congestion);
+    ursula_http::congestion::set(&listener, &app.cfg.tcp_congestion);
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -145,24 +145,6 @@ where
     }
 }
 
-/// Sets the listener's TCP congestion control (`tcp_congestion`; "" keeps the system's):
-/// connections accepted from it inherit it, as they do its send buffer. A name the kernel
-/// does not offer (a module not loaded, or not allowed to unprivileged processes by
-/// `net.ipv4.tcp_allowed_congestion_control`) is logged, and the system's stays.
-fn set_congestion(listener: &TcpListener, name: &str) {
-    if name.is_empty() {
-        return;
-    }
-    match rustix::net::sockopt::set_tcp_congestion(listener, name) {
-        Ok(()) => tracing::debug!(tcp_congestion = name, "congestion control set"),
-        Err(e) => tracing::warn!(
-            error = %e,
-            tcp_congestion = name,
-            "could not set the congestion control; connections keep the system's"
-        ),
-    }
-}
-
 /// Sets the listener's `SO_SNDBUF` (`send_buffer_bytes`; 0 keeps the kernel's autotuning):
 /// Linux gives an accepted connection its listener's buffer, so this is one call at start-up,
 /// not one per connection. The kernel caps the value at `net.core.wmem_max`; a cap is logged.
@@ -222,29 +204,5 @@ mod tests {
             want,
             "without the setting the kernel's default applies"
         );
-    }
-
-    /// The congestion control of a connection accepted on `listener`.
-    async fn accepted_congestion(listener: &TcpListener) -> String {
-        let addr = listener.local_addr().expect("addr");
-        let (accepted, _client) =
-            tokio::join!(listener.accept(), tokio::net::TcpStream::connect(addr));
-        let (sock, _) = accepted.expect("accept");
-        rustix::net::sockopt::tcp_congestion(&sock).expect("TCP_CONGESTION")
-    }
-
-    #[tokio::test]
-    async fn accepted_connections_get_the_configured_congestion_control() {
-        // "reno" is built into every Linux kernel; no test host makes it its default.
-        let configured = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        set_congestion(&configured, "reno");
-        assert_eq!(accepted_congestion(&configured).await, "reno");
-        let system = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        set_congestion(&system, "");
-        assert_ne!(accepted_congestion(&system).await, "reno");
-        // A name the kernel does not know leaves the system's, and the listener serves.
-        let unknown = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        set_congestion(&unknown, "nosuchcc");
-        assert_ne!(accepted_congestion(&unknown).await, "nosuchcc");
     }
 }
