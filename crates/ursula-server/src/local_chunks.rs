@@ -15,8 +15,8 @@
 //! `sendfile` anyway).
 //!
 //! An open object is read only while its file is still in the store (one `stat` per read, on
-//! the calling thread),
-//! so a deleted object or a store that went away answers as a fetch from the store would.
+//! the calling thread), so a deleted object or a store that went away answers as a fetch from
+//! the store would.
 //! The OS page cache is the read cache here; `[storage.cold.cache]` serves other backends.
 
 use crate::cold_read::ReadError;
